@@ -1,0 +1,5 @@
+import sys
+
+from rayfed.cli import main
+
+sys.exit(main())

@@ -1,0 +1,95 @@
+"""`rayfed.run(config) -> Result`: one federated training run, end to end."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from torch import Tensor
+
+from rayfed.config import Config, resolve
+from rayfed.data import class_histogram, load_dataset, make_partition, write_histogram_csv
+from rayfed.engine import make_engine, run_rounds
+from rayfed.errors import ConfigError
+from rayfed.metrics import MetricsLog, ProgressBar, summarize, write_json_atomic
+
+
+@dataclass
+class Result:
+    history: list[dict]     # one dict per round, as in metrics.jsonl
+    summary: dict           # as in summary.json
+    run_dir: Path
+    params: Tensor          # the final global model, flat
+    buffers: Tensor         # its BatchNorm buffers, flat
+
+
+def run(config: Config, run_dir: str | Path | None = None, progress: bool = True) -> Result:
+    """Trains `config` and writes its run directory (a fresh one under ./runs unless `run_dir`).
+    Bad input raises ConfigError before anything is started or written."""
+    started = time.perf_counter()
+    config = resolve(config)
+    if run_dir is not None:
+        run_dir = Path(run_dir)
+        if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+            raise ConfigError(f"output directory {run_dir} exists and is not empty; "
+                              f"choose a new --out or remove it")
+    data = config.data
+    dataset = load_dataset(data.dataset, root=data.root, download=data.download, seed=config.seed,
+                           num_clients=data.num_clients, synthetic_alpha=data.synthetic_alpha,
+                           synthetic_beta=data.synthetic_beta)
+    partition = make_partition(data.partition, dataset.train_y, dataset.num_classes, data.num_clients,
+                               config.seed, alpha=data.alpha, shards_per_client=data.shards_per_client,
+                               natural=dataset.natural_partition)
+    engine = make_engine(config, dataset, partition)
+    try:
+        run_dir = _create_run_dir(run_dir, config)
+        (run_dir / "config.yaml").write_text(config.to_yaml())
+        write_histogram_csv(run_dir / "partition.csv",
+                            class_histogram(partition, dataset.train_y, dataset.num_classes))
+        startup_s = time.perf_counter() - started
+        history = _train(engine, config, run_dir, progress)
+        params = engine.get(engine.server.global_params())
+        buffers = engine.get(engine.server.broadcast()).buffers
+        server_state_bytes = engine.get(engine.server.state_bytes())
+    finally:
+        engine.shutdown()
+    summary = {
+        **summarize(history),
+        "wall_time_s": time.perf_counter() - started,
+        "startup_time_s": startup_s,
+        "algorithm": config.algorithm.name,
+        "dataset": config.data.dataset,
+        "num_clients": config.data.num_clients,
+        "num_params": int(params.numel()),
+        "server_state_bytes": server_state_bytes,
+        "seed": config.seed,
+    }
+    write_json_atomic(run_dir / "summary.json", summary)
+    return Result(history, summary, run_dir, params, buffers)
+
+
+def _train(engine, config: Config, run_dir: Path, progress: bool) -> list[dict]:
+    log = MetricsLog(run_dir / "metrics.jsonl")
+    bar = ProgressBar(config.train.rounds, progress)
+    history = []
+    try:
+        for metrics in run_rounds(engine, range(config.train.rounds)):
+            history.append(metrics)
+            log.append(metrics)
+            bar.update(metrics)
+    finally:
+        bar.close()
+        log.close()
+    return history
+
+
+def _create_run_dir(run_dir: Path | None, config: Config) -> Path:
+    if run_dir is None:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        base = Path("runs") / f"{stamp}-{config.algorithm.name}-{config.data.dataset}-seed{config.seed}"
+        run_dir, suffix = base, 1
+        while run_dir.exists():
+            run_dir, suffix = Path(f"{base}-{suffix}"), suffix + 1
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir

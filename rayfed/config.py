@@ -1,0 +1,307 @@
+"""Typed run configuration: dataclass defaults (the embedded quick-start), YAML files,
+dotted `key=value` overrides, and validation that fails before any work starts."""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from rayfed.errors import ConfigError
+
+DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100")
+PARTITIONS = ("auto", "natural", "iid", "dirichlet", "shards")
+MODELS = ("auto", "logreg", "mlp", "lenet5")
+# The papers' model for each dataset: FedProx used logistic regression on Synthetic.
+AUTO_MODELS = {"synthetic": "logreg", "mnist": "mlp", "fashion_mnist": "mlp", "cifar10": "lenet5", "cifar100": "lenet5"}
+BACKENDS = ("local", "ray")
+AGG_WEIGHTINGS = ("uniform", "num_samples")
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "synthetic"
+    root: str = "./data"
+    download: bool = False
+    num_clients: int = 100
+    # "auto": the dataset's own client split for synthetic, dirichlet otherwise.
+    partition: str = "auto"
+    alpha: float = 0.1
+    shards_per_client: int = 2
+    synthetic_alpha: float = 1.0
+    synthetic_beta: float = 1.0
+
+
+@dataclass
+class ModelConfig:
+    name: str = "auto"
+    hidden_sizes: list[int] = field(default_factory=lambda: [200, 100])
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "fedavgm"
+    lr_local: float = 0.05
+    lr_global: float = 1.0
+    # None: not set; the algorithm's default is filled in when the config is resolved.
+    beta1: Optional[float] = None
+    mu: Optional[float] = None
+    agg_weighting: str = "uniform"
+
+
+@dataclass
+class TrainConfig:
+    rounds: int = 300
+    clients_per_round: int = 10
+    local_steps: int = 5
+    batch_size: int = 64
+    eval_every: int = 5
+
+
+@dataclass
+class EngineConfig:
+    backend: str = "ray"
+    num_workers: int = 2
+    worker_cpus: float = 1.0
+    worker_gpus: float = 0.0
+    address: Optional[str] = None
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()) -> Config:
+    """The quick-start defaults, then the YAML file at `path`, then `key=value` overrides;
+    typed, resolved and validated. Raises ConfigError on any bad input."""
+    raw = Config().to_dict()
+    if path is not None:
+        _merge(raw, _read_yaml(Path(path)), prefix="")
+    for override in overrides:
+        key, value = _parse_override(override)
+        _set_dotted(raw, key, value)
+    config = _from_dict(Config, raw, prefix="")
+    return resolve(config)
+
+
+def resolve(config: Config) -> Config:
+    """Validates `config` and fills in the choices left to rayfed ("auto", algorithm defaults).
+    Returns a new Config; the one given is not changed."""
+    config = _from_dict(Config, config.to_dict(), prefix="")
+    _validate_ranges(config)
+    if config.data.partition == "auto":
+        config.data.partition = "natural" if config.data.dataset == "synthetic" else "dirichlet"
+    if config.data.partition == "natural" and config.data.dataset != "synthetic":
+        raise ConfigError("data.partition=natural is only available for data.dataset=synthetic; "
+                          "use iid, dirichlet or shards")
+    if config.model.name == "auto":
+        config.model.name = AUTO_MODELS[config.data.dataset]
+    from rayfed.algorithms.registry import resolve_hyperparameters
+    resolve_hyperparameters(config.algorithm)
+    _check_dataset_files(config)
+    return config
+
+
+def _validate_ranges(config: Config) -> None:
+    _choice("data.dataset", config.data.dataset, DATASETS)
+    _choice("data.partition", config.data.partition, PARTITIONS)
+    _choice("model.name", config.model.name, MODELS)
+    _choice("engine.backend", config.engine.backend, BACKENDS)
+    _choice("algorithm.agg_weighting", config.algorithm.agg_weighting, AGG_WEIGHTINGS)
+    from rayfed.algorithms.registry import ALGORITHMS
+    _choice("algorithm.name", config.algorithm.name, tuple(ALGORITHMS))
+
+    positive = {
+        "data.num_clients": config.data.num_clients,
+        "data.alpha": config.data.alpha,
+        "data.shards_per_client": config.data.shards_per_client,
+        "algorithm.lr_local": config.algorithm.lr_local,
+        "algorithm.lr_global": config.algorithm.lr_global,
+        "train.rounds": config.train.rounds,
+        "train.clients_per_round": config.train.clients_per_round,
+        "train.local_steps": config.train.local_steps,
+        "train.batch_size": config.train.batch_size,
+        "train.eval_every": config.train.eval_every,
+        "engine.num_workers": config.engine.num_workers,
+        "engine.worker_cpus": config.engine.worker_cpus,
+    }
+    for key, value in positive.items():
+        if not value > 0:
+            raise ConfigError(f"{key}={value} must be > 0")
+    for key in ("synthetic_alpha", "synthetic_beta"):
+        if getattr(config.data, key) < 0:
+            raise ConfigError(f"data.{key}={getattr(config.data, key)} must be >= 0")
+    if any(size <= 0 for size in config.model.hidden_sizes):
+        raise ConfigError(f"model.hidden_sizes={config.model.hidden_sizes} must all be > 0")
+    if config.train.clients_per_round > config.data.num_clients:
+        raise ConfigError(f"train.clients_per_round={config.train.clients_per_round} exceeds "
+                          f"data.num_clients={config.data.num_clients}; it must be at most that")
+    if config.engine.num_workers > config.data.num_clients:
+        raise ConfigError(f"engine.num_workers={config.engine.num_workers} exceeds "
+                          f"data.num_clients={config.data.num_clients}; a worker hosts at least one client")
+    gpus = config.engine.worker_gpus
+    if gpus < 0 or (gpus > 1 and gpus != int(gpus)):
+        raise ConfigError(f"engine.worker_gpus={gpus} must be >= 0, and a whole number when above 1")
+    if config.engine.backend == "local" and config.engine.num_workers != 1:
+        # The local engine is one in-process worker; a different count would be silently ignored.
+        config.engine.num_workers = 1
+
+
+def _check_dataset_files(config: Config) -> None:
+    if config.data.download or config.data.dataset == "synthetic":
+        return
+    from rayfed.data.datasets import missing_files
+    missing = missing_files(config.data.dataset, config.data.root)
+    if missing:
+        folder = missing[0].parent
+        names = ", ".join(path.name for path in missing)
+        raise ConfigError(f"{config.data.dataset} files missing under {folder}: {names} "
+                          f"(put the official files there, or set data.download=true)")
+
+
+def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not one of: {', '.join(allowed)}{_did_you_mean(value, allowed)}")
+
+
+def _did_you_mean(word: str, candidates) -> str:
+    close = difflib.get_close_matches(str(word), list(candidates), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _read_yaml(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"config file {path} is not valid YAML{where}: "
+                          f"{getattr(error, 'problem', None) or error}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of keys, not a {type(loaded).__name__}")
+    return loaded
+
+
+def _parse_override(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {text!r} must look like key=value, e.g. train.rounds=10")
+    try:
+        return key.strip(), yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError:
+        raise ConfigError(f"override {text!r}: cannot parse the value {value!r}") from None
+
+
+def _merge(target: dict, source: dict, prefix: str) -> None:
+    for key, value in source.items():
+        dotted = f"{prefix}{key}"
+        if key not in target:
+            raise ConfigError(f"unknown key {dotted!r}{_did_you_mean_key(dotted)}")
+        if isinstance(target[key], dict):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{dotted} must be a mapping of keys ({', '.join(target[key])})")
+            _merge(target[key], value, prefix=f"{dotted}.")
+        else:
+            target[key] = value
+
+
+def _set_dotted(raw: dict, dotted: str, value: Any) -> None:
+    node = raw
+    parts = dotted.split(".")
+    for depth, part in enumerate(parts):
+        if not isinstance(node, dict) or part not in node:
+            raise ConfigError(f"unknown key {dotted!r}{_did_you_mean_key(dotted)}")
+        if depth == len(parts) - 1:
+            if isinstance(node[part], dict):
+                raise ConfigError(f"{dotted} is a section; set one of its keys, e.g. "
+                                  f"{dotted}.{next(iter(node[part]))}=...")
+            node[part] = value
+        else:
+            node = node[part]
+
+
+def all_keys() -> list[str]:
+    keys = []
+
+    def walk(node: dict, prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+            else:
+                keys.append(f"{prefix}{key}")
+    walk(Config().to_dict(), "")
+    return keys
+
+
+def _did_you_mean_key(dotted: str) -> str:
+    """Prefers a key of the same section that the typed leaf begins (lr -> lr_local), then
+    the closest spelling, then the same leaf in another section (rounds -> train.rounds)."""
+    keys = all_keys()
+    section, _, leaf = dotted.rpartition(".")
+    same_section = [k for k in keys if k.rpartition(".")[0] == section]
+    close = [k for k in same_section if k.rpartition(".")[2].startswith(leaf)]
+    close = close or difflib.get_close_matches(dotted, keys, n=1, cutoff=0.6)
+    close = close or [k for k in keys if k.rpartition(".")[2] == leaf]
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _from_dict(cls, raw: dict, prefix: str):
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for spec in dataclasses.fields(cls):
+        dotted = f"{prefix}{spec.name}"
+        hint = hints[spec.name]
+        value = raw[spec.name]
+        if dataclasses.is_dataclass(hint):
+            values[spec.name] = _from_dict(hint, value, prefix=f"{dotted}.")
+        else:
+            values[spec.name] = _coerce(dotted, value, hint)
+    return cls(**values)
+
+
+def _coerce(key: str, value: Any, hint) -> Any:
+    """Checks `value` against the annotated type; ints are accepted where floats are expected."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        if value is None:
+            return None
+        return _coerce(key, value, options[0])
+    if origin is list:
+        (item_type,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key} must be a list of {item_type.__name__}, got {value!r}")
+        return [_coerce(f"{key}[{index}]", item, item_type) for index, item in enumerate(value)]
+    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if hint is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if hint in (bool, str) and isinstance(value, hint):
+        return value
+    raise ConfigError(f"{key} must be {_type_name(hint)}, got {value!r} ({type(value).__name__})")
+
+
+def _type_name(hint) -> str:
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(hint, str(hint))

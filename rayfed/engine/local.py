@@ -1,0 +1,25 @@
+"""The local engine: one Server and one ClientWorker in the calling process. The reference semantics."""
+from __future__ import annotations
+
+import torch
+
+from rayfed.config import Config
+from rayfed.data import Dataset, Partition
+from rayfed.engine.loop import InlineHandle
+from rayfed.engine.server import Server
+from rayfed.engine.worker import ClientWorker
+
+
+class LocalEngine:
+    def __init__(self, config: Config, dataset: Dataset, partition: Partition):
+        self.saved_threads = torch.get_num_threads()
+        self.server = InlineHandle(Server(config, (dataset.test_x, dataset.test_y),
+                                          dataset.input_shape, dataset.num_classes))
+        self.workers = [InlineHandle(ClientWorker(config, (dataset.train_x, dataset.train_y), partition,
+                                                  dataset.input_shape, dataset.num_classes))]
+
+    def get(self, value):
+        return value
+
+    def shutdown(self) -> None:
+        torch.set_num_threads(self.saved_threads)

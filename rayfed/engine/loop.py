@@ -1,0 +1,49 @@
+"""The round loop, written once for every engine.
+
+An engine exposes its Server and ClientWorkers through handles whose method calls return
+either values (local engine) or Ray object references (ray engine), plus `get` to resolve
+them. The loop never touches uploads: they go from the workers to the server directly.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterator, Protocol
+
+
+class Engine(Protocol):
+    server: Any
+    workers: list[Any]
+
+    def get(self, handle_result: Any) -> Any: ...
+
+    def shutdown(self) -> None: ...
+
+
+def client_owner(client_id: int, num_workers: int) -> int:
+    """Client i always lives on worker i mod P, so its state never moves."""
+    return client_id % num_workers
+
+
+def run_rounds(engine: Engine, rounds: range) -> Iterator[dict]:
+    """Runs `rounds`, yielding each round's metrics with the wall time since the loop began."""
+    started = time.perf_counter()
+    for round in rounds:
+        sampled = engine.get(engine.server.sample(round))
+        down = engine.server.broadcast()
+        per_worker: dict[int, list[int]] = {}
+        for client_id in sampled:
+            per_worker.setdefault(client_owner(client_id, len(engine.workers)), []).append(client_id)
+        results = [engine.workers[w].train(round, down, ids) for w, ids in sorted(per_worker.items())]
+        metrics = engine.get(engine.server.step(round, *results))
+        metrics["wall_time_s"] = time.perf_counter() - started
+        yield metrics
+
+
+class InlineHandle:
+    """Calls methods of an in-process object directly: the local engine's handle."""
+
+    def __init__(self, target: Any):
+        self.target = target
+
+    def __getattr__(self, name: str) -> Callable:
+        return getattr(self.target, name)

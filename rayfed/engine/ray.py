@@ -1,0 +1,93 @@
+"""The ray engine: the Server as one actor and P ClientWorkers as actors.
+
+The dataset and the partition are put in the object store once and read zero-copy by every
+actor on a node. Each round the broadcast is stored once by the server actor and read by
+all workers; uploads go from the worker actors straight to the server actor.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable
+
+import ray
+
+from rayfed.config import Config
+from rayfed.data import Dataset, Partition
+from rayfed.engine.server import Server
+from rayfed.engine.worker import ClientWorker
+from rayfed.errors import ConfigError
+
+
+class RemoteHandle:
+    """Calls methods of a Ray actor: `handle.step(...)` returns an ObjectRef."""
+
+    def __init__(self, actor: Any):
+        self.actor = actor
+
+    def __getattr__(self, name: str) -> Callable:
+        method = getattr(self.actor, name)
+        return lambda *args: method.remote(*args)
+
+
+class RayEngine:
+    def __init__(self, config: Config, dataset: Dataset, partition: Partition):
+        engine = config.engine
+        self.started_ray = _connect(engine.address, engine.num_workers * engine.worker_cpus)
+        _check_resources(config)
+        train_ref = ray.put((dataset.train_x, dataset.train_y))
+        partition_ref = ray.put(partition)
+        # The server works while the workers wait for the next round, so it reserves no CPU:
+        # otherwise P one-CPU workers could not all be placed on a P-core machine.
+        server_actor = ray.remote(Server).options(num_cpus=0, max_restarts=0)
+        worker_actor = ray.remote(ClientWorker).options(num_cpus=engine.worker_cpus, num_gpus=engine.worker_gpus)
+        self.server = RemoteHandle(server_actor.remote(config, (dataset.test_x, dataset.test_y),
+                                                       dataset.input_shape, dataset.num_classes))
+        self.workers = [
+            RemoteHandle(worker_actor.remote(config, train_ref, partition_ref, dataset.input_shape,
+                                             dataset.num_classes, index, engine.num_workers))
+            for index in range(engine.num_workers)
+        ]
+        # Actors start asynchronously; waiting here puts their start-up (and any error in their
+        # constructors) before the first round rather than inside it.
+        ray.get([handle.actor.__ray_ready__.remote() for handle in (self.server, *self.workers)])
+
+    def get(self, ref):
+        return ray.get(ref)
+
+    def shutdown(self) -> None:
+        for handle in (self.server, *self.workers):
+            ray.kill(handle.actor)
+        if self.started_ray:
+            ray.shutdown()
+
+
+def _connect(address: str | None, cpus_needed: float) -> bool:
+    """Joins the cluster at `address` (or RAY_ADDRESS, as under `ray job submit`), reuses a Ray
+    already initialised in this process, or starts a private local instance. Returns whether
+    this call started Ray (and so must stop it)."""
+    if ray.is_initialized():
+        return False
+    quiet = dict(logging_level=logging.ERROR, log_to_driver=False)
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        try:
+            ray.init(address=address, **quiet)
+        except (ConnectionError, ValueError, RuntimeError) as error:
+            raise ConfigError(f"engine.address={address}: cannot join the Ray cluster ({error})") from None
+        return True
+    # A private instance sized so that all workers fit even when they oversubscribe the cores.
+    num_cpus = max(os.cpu_count() or 1, int(cpus_needed + 0.999))
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **quiet)
+    return True
+
+
+def _check_resources(config: Config) -> None:
+    engine = config.engine
+    available = ray.cluster_resources()
+    needs = {"CPU": engine.num_workers * engine.worker_cpus, "GPU": engine.num_workers * engine.worker_gpus}
+    for resource, needed in needs.items():
+        if needed > available.get(resource, 0.0) + 1e-9:
+            key = "engine.worker_cpus" if resource == "CPU" else "engine.worker_gpus"
+            raise ConfigError(f"engine.num_workers={engine.num_workers} x {key} needs {needed:g} {resource}s "
+                              f"but the Ray cluster has {available.get(resource, 0.0):g}")

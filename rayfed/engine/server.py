@@ -1,0 +1,86 @@
+"""Server: holds the global model and the algorithm's server state, samples each round's
+clients, folds the uploads in with the algorithm, and evaluates the global model."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rayfed.algorithms.base import RoundInfo
+from rayfed.algorithms.registry import build_algorithm
+from rayfed.config import Config
+from rayfed.engine.messages import Broadcast, ClientResult
+from rayfed.engine.worker import as_tensor, threads_per_process
+from rayfed.models import FlatModel, build_model
+from rayfed.seeding import Purpose, derive_seed, numpy_rng
+
+
+class Server:
+    def __init__(self, config: Config, test_data: tuple[np.ndarray, np.ndarray],
+                 input_shape: tuple[int, ...], num_classes: int):
+        torch.set_num_threads(threads_per_process(config))
+        self.config = config
+        self.device = torch.device("cpu")
+        self.test_x = as_tensor(test_data[0], self.device)
+        self.test_y = as_tensor(test_data[1], self.device)
+        self.algorithm = build_algorithm(config.algorithm, config.train.local_steps)
+        torch.manual_seed(derive_seed(config.seed, Purpose.MODEL_INIT))
+        self.model = FlatModel(build_model(config.model.name, input_shape, num_classes,
+                                           config.model.hidden_sizes), self.device)
+        self.state = self.algorithm.server_init(self.model.params.clone(), config.data.num_clients)
+        self.buffers = self.model.buffers.clone()
+        self.sampled: list[int] = []
+
+    def sample(self, round: int) -> list[int]:
+        """S distinct clients, uniformly without replacement, from the stream (seed, round)."""
+        rng = numpy_rng(self.config.seed, Purpose.SAMPLE_CLIENTS, round)
+        chosen = rng.choice(self.config.data.num_clients, size=self.config.train.clients_per_round, replace=False)
+        self.sampled = [int(client_id) for client_id in chosen]
+        return self.sampled
+
+    def broadcast(self) -> Broadcast:
+        return Broadcast(self.algorithm.broadcast(self.state), self.buffers)
+
+    def global_params(self) -> Tensor:
+        return self.algorithm.global_params(self.state)
+
+    def step(self, round: int, *worker_results: list[ClientResult]) -> dict:
+        """Completes round `round` (0-based) from the workers' results; returns its metrics."""
+        results = sorted((r for batch in worker_results for r in batch), key=lambda r: r.client_id)
+        uploads = {r.client_id: r.upload for r in results}
+        down_bytes = self.broadcast().nbytes
+        self.state = self.algorithm.server_step(
+            self.state, uploads,
+            RoundInfo(round=round, sampled=tuple(self.sampled), num_clients=self.config.data.num_clients))
+        if self.buffers.numel():
+            self.buffers = _weighted_buffers(results)
+        metrics = {
+            "round": round + 1,
+            "train_loss": float(np.mean([r.upload.metrics["train_loss"] for r in results])),
+            "num_participants": len(results),
+            "bytes_up": sum(r.nbytes for r in results),
+            "bytes_down": down_bytes * len(self.sampled),
+        }
+        rounds = self.config.train.rounds
+        if (round + 1) % self.config.train.eval_every == 0 or round + 1 == rounds:
+            metrics["test_loss"], metrics["test_accuracy"] = self.evaluate()
+        return metrics
+
+    def evaluate(self) -> tuple[float, float]:
+        self.model.params.copy_(self.global_params())
+        self.model.buffers.copy_(self.buffers)
+        return self.model.evaluate(self.test_x, self.test_y)
+
+    def state_bytes(self) -> int:
+        """Bytes of algorithm state the server holds (model included)."""
+        tensors = [v for v in vars(self.state).values() if isinstance(v, Tensor)]
+        return sum(t.numel() * t.element_size() for t in tensors) + self.buffers.numel() * 4
+
+
+def _weighted_buffers(results: list[ClientResult]) -> Tensor:
+    """BatchNorm buffers bypass the algorithm: n_i-weighted average of the clients' (spec A8)."""
+    total_samples = sum(r.upload.num_samples for r in results)
+    buffers = torch.zeros_like(results[0].buffers)
+    for result in results:
+        buffers.add_(result.buffers, alpha=result.upload.num_samples / total_samples)
+    return buffers

@@ -1,0 +1,121 @@
+"""ClientWorker: hosts a fixed shard of clients and trains the sampled ones with one resident model."""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rayfed.algorithms.base import Batch
+from rayfed.algorithms.registry import build_algorithm
+from rayfed.config import Config
+from rayfed.data.partition import Partition
+from rayfed.engine.messages import Broadcast, ClientResult
+from rayfed.models import FlatModel, build_model
+from rayfed.seeding import Purpose, derive_seed, torch_generator
+
+
+def worker_device(config: Config) -> torch.device:
+    return torch.device("cuda" if config.engine.worker_gpus > 0 and torch.cuda.is_available() else "cpu")
+
+
+def as_tensor(array: np.ndarray, device: torch.device) -> Tensor:
+    # Arrays from Ray's object store are read-only shared memory; we only ever read them.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array).to(device)
+
+
+class ClientTask:
+    """One client's view of its local problem for one round (implements algorithms.base.ClientTask)."""
+
+    def __init__(self, model: FlatModel, train_x: Tensor, train_y: Tensor, sample_indices: Tensor,
+                 batch_size: int, generator: torch.Generator):
+        self.model = model
+        self.train_x = train_x
+        self.train_y = train_y
+        self.sample_indices = sample_indices
+        self.num_samples = len(sample_indices)
+        self.batch_size = min(batch_size, self.num_samples)
+        self.generator = generator
+        self.order = torch.empty(0, dtype=torch.int64)
+        self.position = self.num_samples     # the first call shuffles
+
+    def start_from(self, params: Tensor) -> Tensor:
+        self.model.params.copy_(params)
+        return self.model.params
+
+    def next_batch(self) -> Batch:
+        """Minibatches walk through a fresh shuffle of the client's samples (an epoch), then reshuffle.
+        A trailing batch of one sample is skipped: BatchNorm cannot train on it (spec A27)."""
+        remaining = self.num_samples - self.position
+        if remaining == 0 or (remaining == 1 and self.num_samples > 1):
+            self.order = torch.randperm(self.num_samples, generator=self.generator)
+            self.position = 0
+        chosen = self.order[self.position:self.position + self.batch_size]
+        self.position += len(chosen)
+        rows = self.sample_indices[chosen.to(self.sample_indices.device)]
+        return self.train_x[rows], self.train_y[rows]
+
+    def loss_and_grad(self, params: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
+        if params is self.model.params:
+            return self.model.loss_and_grad(*batch)
+        resident = self.model.params.clone()
+        self.model.params.copy_(params)
+        loss, grad = self.model.loss_and_grad(*batch)
+        self.model.params.copy_(resident)
+        return loss, grad
+
+
+class ClientWorker:
+    """Hosts the clients `worker_index, worker_index + num_workers, ...`: their sample indices,
+    their persistent algorithm state, and one resident model that trains them one after another."""
+
+    def __init__(self, config: Config, train_data: tuple[np.ndarray, np.ndarray], partition: Partition,
+                 input_shape: tuple[int, ...], num_classes: int, worker_index: int = 0, num_workers: int = 1):
+        torch.set_num_threads(threads_per_process(config))
+        self.config = config
+        self.device = worker_device(config)
+        self.train_x = as_tensor(train_data[0], self.device)
+        self.train_y = as_tensor(train_data[1], self.device)
+        self.partition = partition
+        self.worker_index = worker_index
+        self.num_workers = num_workers
+        self.algorithm = build_algorithm(config.algorithm, config.train.local_steps)
+        torch.manual_seed(0)    # the architecture's own init is overwritten by every broadcast
+        self.model = FlatModel(build_model(config.model.name, input_shape, num_classes,
+                                           config.model.hidden_sizes), self.device)
+        # Created on a client's first participation, so clients that never train cost nothing.
+        self.client_states: dict[int, Any] = {}
+
+    def train(self, round: int, down: Broadcast, client_ids: list[int]) -> list[ClientResult]:
+        tensors = {name: t.to(self.device) for name, t in down.tensors.items()}
+        buffers = down.buffers.to(self.device)
+        return [self._train_client(round, client_id, tensors, buffers) for client_id in client_ids]
+
+    def _train_client(self, round: int, client_id: int, tensors: dict[str, Tensor], buffers: Tensor) -> ClientResult:
+        if client_id % self.num_workers != self.worker_index:
+            raise ValueError(f"client {client_id} does not live on worker {self.worker_index}")
+        seed = self.config.seed
+        torch.manual_seed(derive_seed(seed, Purpose.DROPOUT, round, client_id))
+        self.model.buffers.copy_(buffers)
+        task = ClientTask(self.model, self.train_x, self.train_y,
+                          as_tensor(self.partition.client(client_id), self.device),
+                          self.config.train.batch_size,
+                          torch_generator(seed, Purpose.BATCHES, round, client_id))
+        state = self.client_states.get(client_id)
+        if state is None:
+            state = self.algorithm.client_init(client_id)
+        upload, state = self.algorithm.client_train(task, tensors, state)
+        if state is not None:
+            self.client_states[client_id] = state
+        upload.tensors = {name: t.cpu() for name, t in upload.tensors.items()}
+        return ClientResult(client_id, upload, self.model.buffers.cpu().clone())
+
+
+def threads_per_process(config: Config) -> int:
+    """Every rayfed process uses the same torch thread count, so kernels reduce in the same
+    order whichever process runs them: part of bitwise engine equivalence."""
+    return max(1, int(config.engine.worker_cpus))

@@ -1,0 +1,76 @@
+"""The run directory's files (metrics.jsonl, summary.json) and the progress bar."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+# Keys that measure the machine, not the maths: they differ between identical runs.
+WALL_CLOCK_KEYS = ("wall_time_s",)
+
+
+class MetricsLog:
+    """Appends one JSON object per round to metrics.jsonl, flushed so a crash keeps what was done."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "a")
+
+    def append(self, metrics: dict) -> None:
+        self.file.write(json.dumps(metrics) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def write_json_atomic(path: Path, payload: dict) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(payload, indent=2) + "\n")
+    os.replace(temporary, path)
+
+
+def summarize(history: list[dict]) -> dict:
+    evaluated = [m for m in history if "test_accuracy" in m]
+    best = max(evaluated, key=lambda m: m["test_accuracy"], default=None)
+    return {
+        "final_test_accuracy": evaluated[-1]["test_accuracy"] if evaluated else math.nan,
+        "final_test_loss": evaluated[-1]["test_loss"] if evaluated else math.nan,
+        "best_test_accuracy": best["test_accuracy"] if best else math.nan,
+        "best_round": best["round"] if best else None,
+        "rounds_completed": len(history),
+        "bytes_up_total": sum(m["bytes_up"] for m in history),
+        "bytes_down_total": sum(m["bytes_down"] for m in history),
+    }
+
+
+class ProgressBar:
+    """Round, latest test accuracy and seconds per round, on stderr."""
+
+    def __init__(self, total_rounds: int, enabled: bool):
+        self.bar = tqdm(total=total_rounds, file=sys.stderr, disable=not enabled, unit="round",
+                        dynamic_ncols=True, leave=True)
+        self.last_wall = 0.0
+
+    def update(self, metrics: dict) -> None:
+        postfix = {"loss": f"{metrics['train_loss']:.3f}"}
+        if "test_accuracy" in metrics:
+            postfix["acc"] = f"{metrics['test_accuracy']:.4f}"
+        postfix["s/round"] = f"{metrics['wall_time_s'] - self.last_wall:.3f}"
+        self.last_wall = metrics["wall_time_s"]
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def human_bytes(count: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if count < 1000:
+            return f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} TB"

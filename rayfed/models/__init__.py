@@ -1,0 +1,5 @@
+"""Model zoo and the flat-parameter adapter."""
+from rayfed.models.flat import FlatModel
+from rayfed.models.zoo import build_model
+
+__all__ = ["FlatModel", "build_model"]

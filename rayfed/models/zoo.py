@@ -1,0 +1,59 @@
+"""The model zoo: logreg, mlp, lenet5 (specs/gradma.md §5.3)."""
+from __future__ import annotations
+
+import math
+
+from torch import nn
+
+from rayfed.errors import ConfigError
+
+
+def logreg(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
+
+
+def mlp(input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int]) -> nn.Module:
+    """The authors' TinyNN (spec A14): Linear -> BN1d -> ReLU per hidden layer, then Linear.
+    With hidden_sizes [200, 100] on MNIST this is 784-200-100-10, d ~ 178.7k."""
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = math.prod(input_shape)
+    for hidden in hidden_sizes:
+        layers += [nn.Linear(width, hidden), nn.BatchNorm1d(hidden), nn.ReLU()]
+        width = hidden
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
+
+
+def lenet5(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The authors' CIFAR LeNet-5 variant (spec A15): 32/64 channels, BN, FC 512-128, dropout 0.5.
+    d ~ 0.94M on 3x32x32."""
+    channels, height, width = _image_shape(input_shape)
+    side_h, side_w = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
+    if side_h < 1 or side_w < 1:
+        raise ConfigError(f"model.name=lenet5 needs images of at least 16x16, got {height}x{width}")
+    return nn.Sequential(
+        nn.Conv2d(channels, 32, 5), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * side_h * side_w, 512), nn.BatchNorm1d(512), nn.ReLU(), nn.Dropout(0.5),
+        nn.Linear(512, 128), nn.BatchNorm1d(128), nn.ReLU(), nn.Dropout(0.5),
+        nn.Linear(128, num_classes),
+    )
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
+                hidden_sizes: list[int] = (200, 100)) -> nn.Module:
+    if name == "logreg":
+        return logreg(input_shape, num_classes)
+    if name == "mlp":
+        return mlp(input_shape, num_classes, list(hidden_sizes))
+    if name == "lenet5":
+        return lenet5(input_shape, num_classes)
+    raise ConfigError(f"model.name={name!r} is not one of: logreg, mlp, lenet5")
+
+
+def _image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    if len(input_shape) != 3:
+        raise ConfigError(f"model.name=lenet5 needs image data (channels, height, width), "
+                          f"got inputs of shape {tuple(input_shape)}")
+    return input_shape

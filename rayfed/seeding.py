@@ -1,0 +1,36 @@
+"""Random streams derived from (seed, purpose, round, client_id).
+
+Every random choice in a run draws from a stream named by these four numbers, never
+from a shared generator whose position depends on what ran before. That is what makes
+a run independent of how clients are spread over workers, and of the order they train in.
+"""
+from enum import IntEnum
+
+import numpy as np
+import torch
+
+
+class Purpose(IntEnum):
+    PARTITION = 1
+    MODEL_INIT = 2
+    SAMPLE_CLIENTS = 3
+    BATCHES = 4
+    DROPOUT = 5
+    SYNTHETIC_DATA = 6
+
+
+def derive_seed(seed: int, purpose: Purpose, round: int = 0, client_id: int = 0) -> int:
+    """A 63-bit seed for the stream (seed, purpose, round, client_id)."""
+    state = np.random.SeedSequence([seed, int(purpose), round, client_id]).generate_state(2, np.uint32)
+    return (int(state[0]) << 31) ^ int(state[1])
+
+
+def numpy_rng(seed: int, purpose: Purpose, round: int = 0, client_id: int = 0) -> np.random.Generator:
+    return np.random.default_rng(derive_seed(seed, purpose, round, client_id))
+
+
+def torch_generator(seed: int, purpose: Purpose, round: int = 0, client_id: int = 0,
+                    device: str | torch.device = "cpu") -> torch.Generator:
+    generator = torch.Generator(device=device)
+    generator.manual_seed(derive_seed(seed, purpose, round, client_id))
+    return generator
