@@ -13,10 +13,10 @@ from typing import Any, Optional
 
 import yaml
 
+from rayfed.data.datasets import DATASETS, missing_files
+from rayfed.data.partition import PARTITIONS
 from rayfed.errors import ConfigError
 
-DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100")
-PARTITIONS = ("auto", "natural", "iid", "dirichlet", "shards")
 MODELS = ("auto", "logreg", "mlp", "lenet5")
 # The papers' model for each dataset: FedProx used logistic regression on Synthetic.
 AUTO_MODELS = {"synthetic": "logreg", "mnist": "mlp", "fashion_mnist": "mlp", "cifar10": "lenet5", "cifar100": "lenet5"}
@@ -47,7 +47,7 @@ class ModelConfig:
 @dataclass
 class AlgorithmConfig:
     name: str = "fedavgm"
-    lr_local: float = 0.05
+    lr_local: float = 0.02
     lr_global: float = 1.0
     # None: not set; the algorithm's default is filled in when the config is resolved.
     beta1: Optional[float] = None
@@ -57,11 +57,11 @@ class AlgorithmConfig:
 
 @dataclass
 class TrainConfig:
-    rounds: int = 300
+    rounds: int = 1000
     clients_per_round: int = 10
     local_steps: int = 5
     batch_size: int = 64
-    eval_every: int = 5
+    eval_every: int = 10
 
 
 @dataclass
@@ -122,7 +122,7 @@ def resolve(config: Config) -> Config:
 
 def _validate_ranges(config: Config) -> None:
     _choice("data.dataset", config.data.dataset, DATASETS)
-    _choice("data.partition", config.data.partition, PARTITIONS)
+    _choice("data.partition", config.data.partition, ("auto", *PARTITIONS))
     _choice("model.name", config.model.name, MODELS)
     _choice("engine.backend", config.engine.backend, BACKENDS)
     _choice("algorithm.agg_weighting", config.algorithm.agg_weighting, AGG_WEIGHTINGS)
@@ -168,7 +168,6 @@ def _validate_ranges(config: Config) -> None:
 def _check_dataset_files(config: Config) -> None:
     if config.data.download or config.data.dataset == "synthetic":
         return
-    from rayfed.data.datasets import missing_files
     missing = missing_files(config.data.dataset, config.data.root)
     if missing:
         folder = missing[0].parent

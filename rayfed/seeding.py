@@ -34,3 +34,12 @@ def torch_generator(seed: int, purpose: Purpose, round: int = 0, client_id: int 
     generator = torch.Generator(device=device)
     generator.manual_seed(derive_seed(seed, purpose, round, client_id))
     return generator
+
+
+def seed_global_torch(seed: int, device: torch.device) -> None:
+    """Seeds the default generators that ops without an explicit generator (dropout) draw from,
+    on the CPU and on `device`. Cheaper than torch.manual_seed, which also queues lazy seeding,
+    with a captured stack trace, for every accelerator backend that is not initialised."""
+    torch.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed(seed)

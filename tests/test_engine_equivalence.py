@@ -56,3 +56,12 @@ def test_same_seed_same_bits_and_different_seed_different_run(tmp_path):
     assert_same_run(first, again)
     assert not torch.equal(first.params, other.params)
     assert first.history[0]["train_loss"] != other.history[0]["train_loss"]
+
+
+def test_ray_engine_refuses_resources_the_cluster_lacks(tmp_path, ray_cluster):
+    """A GPU request on a GPU-less cluster fails at once, rather than waiting forever for placement."""
+    config = rayfed.load_config(None, SYNTHETIC_MLP + ["engine.backend=ray", "engine.num_workers=2",
+                                                       "engine.worker_gpus=0.25"])
+    with pytest.raises(rayfed.ConfigError, match="engine.worker_gpus needs 0.5 GPUs but the Ray cluster has 0"):
+        rayfed.run(config, run_dir=tmp_path / "gpu", progress=False)
+    assert not (tmp_path / "gpu").exists()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from rayfed.algorithms.base import Upload
@@ -29,3 +30,32 @@ class ClientResult:
     @property
     def nbytes(self) -> int:
         return self.upload.nbytes + self.buffers.numel() * self.buffers.element_size()
+
+
+@dataclass
+class WorkerResult:
+    """One worker's clients for one round, packed as one stacked tensor per upload name: a
+    round then moves a few tensors per worker instead of a few per client, which is what
+    dominates (de)serialisation time when clients are many and models small."""
+
+    client_ids: list[int]
+    num_samples: list[int]
+    metrics: list[dict[str, float]]
+    tensors: dict[str, Tensor]      # name -> (clients, ...) stacked in client_ids order
+    buffers: Tensor                 # (clients, number of buffer entries)
+
+    @classmethod
+    def pack(cls, results: list[ClientResult]) -> "WorkerResult":
+        names = results[0].upload.tensors
+        return cls(client_ids=[r.client_id for r in results],
+                   num_samples=[r.upload.num_samples for r in results],
+                   metrics=[r.upload.metrics for r in results],
+                   tensors={name: torch.stack([r.upload.tensors[name] for r in results]) for name in names},
+                   buffers=torch.stack([r.buffers for r in results]))
+
+    def unpack(self) -> list[ClientResult]:
+        return [ClientResult(client_id,
+                             Upload({name: stacked[row] for name, stacked in self.tensors.items()},
+                                    self.num_samples[row], self.metrics[row]),
+                             self.buffers[row])
+                for row, client_id in enumerate(self.client_ids)]

@@ -9,7 +9,7 @@ from torch import Tensor
 from rayfed.algorithms.base import RoundInfo
 from rayfed.algorithms.registry import build_algorithm
 from rayfed.config import Config
-from rayfed.engine.messages import Broadcast, ClientResult
+from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult
 from rayfed.engine.worker import as_tensor, threads_per_process
 from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, derive_seed, numpy_rng
@@ -44,9 +44,9 @@ class Server:
     def global_params(self) -> Tensor:
         return self.algorithm.global_params(self.state)
 
-    def step(self, round: int, *worker_results: list[ClientResult]) -> dict:
+    def step(self, round: int, *worker_results: WorkerResult) -> dict:
         """Completes round `round` (0-based) from the workers' results; returns its metrics."""
-        results = sorted((r for batch in worker_results for r in batch), key=lambda r: r.client_id)
+        results = sorted((r for packed in worker_results for r in packed.unpack()), key=lambda r: r.client_id)
         uploads = {r.client_id: r.upload for r in results}
         down_bytes = self.broadcast().nbytes
         self.state = self.algorithm.server_step(

@@ -12,9 +12,9 @@ from rayfed.algorithms.base import Batch
 from rayfed.algorithms.registry import build_algorithm
 from rayfed.config import Config
 from rayfed.data.partition import Partition
-from rayfed.engine.messages import Broadcast, ClientResult
+from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult
 from rayfed.models import FlatModel, build_model
-from rayfed.seeding import Purpose, derive_seed, torch_generator
+from rayfed.seeding import Purpose, derive_seed, seed_global_torch, torch_generator
 
 
 def worker_device(config: Config) -> torch.device:
@@ -90,16 +90,16 @@ class ClientWorker:
         # Created on a client's first participation, so clients that never train cost nothing.
         self.client_states: dict[int, Any] = {}
 
-    def train(self, round: int, down: Broadcast, client_ids: list[int]) -> list[ClientResult]:
+    def train(self, round: int, down: Broadcast, client_ids: list[int]) -> WorkerResult:
         tensors = {name: t.to(self.device) for name, t in down.tensors.items()}
         buffers = down.buffers.to(self.device)
-        return [self._train_client(round, client_id, tensors, buffers) for client_id in client_ids]
+        return WorkerResult.pack([self._train_client(round, client_id, tensors, buffers) for client_id in client_ids])
 
     def _train_client(self, round: int, client_id: int, tensors: dict[str, Tensor], buffers: Tensor) -> ClientResult:
         if client_id % self.num_workers != self.worker_index:
             raise ValueError(f"client {client_id} does not live on worker {self.worker_index}")
         seed = self.config.seed
-        torch.manual_seed(derive_seed(seed, Purpose.DROPOUT, round, client_id))
+        seed_global_torch(derive_seed(seed, Purpose.DROPOUT, round, client_id), self.device)
         self.model.buffers.copy_(buffers)
         task = ClientTask(self.model, self.train_x, self.train_y,
                           as_tensor(self.partition.client(client_id), self.device),
