@@ -112,6 +112,9 @@ def resolve(config: Config) -> Config:
     if config.data.partition == "natural" and config.data.dataset != "synthetic":
         raise ConfigError("data.partition=natural is only available for data.dataset=synthetic; "
                           "use iid, dirichlet or shards")
+    if config.engine.backend == "local":
+        # The local engine is one in-process worker; recording another count would mislead.
+        config.engine.num_workers = 1
     if config.model.name == "auto":
         config.model.name = AUTO_MODELS[config.data.dataset]
     from rayfed.algorithms.registry import resolve_hyperparameters
@@ -160,9 +163,6 @@ def _validate_ranges(config: Config) -> None:
     gpus = config.engine.worker_gpus
     if gpus < 0 or (gpus > 1 and gpus != int(gpus)):
         raise ConfigError(f"engine.worker_gpus={gpus} must be >= 0, and a whole number when above 1")
-    if config.engine.backend == "local" and config.engine.num_workers != 1:
-        # The local engine is one in-process worker; a different count would be silently ignored.
-        config.engine.num_workers = 1
 
 
 def _check_dataset_files(config: Config) -> None:

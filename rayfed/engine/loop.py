@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterator, Protocol
 
+from rayfed.engine.worker import client_owner
+
 
 class Engine(Protocol):
     server: Any
@@ -17,11 +19,6 @@ class Engine(Protocol):
     def get(self, handle_result: Any) -> Any: ...
 
     def shutdown(self) -> None: ...
-
-
-def client_owner(client_id: int, num_workers: int) -> int:
-    """Client i always lives on worker i mod P, so its state never moves."""
-    return client_id % num_workers
 
 
 def run_rounds(engine: Engine, rounds: range) -> Iterator[dict]:

@@ -96,7 +96,7 @@ class ClientWorker:
         return WorkerResult.pack([self._train_client(round, client_id, tensors, buffers) for client_id in client_ids])
 
     def _train_client(self, round: int, client_id: int, tensors: dict[str, Tensor], buffers: Tensor) -> ClientResult:
-        if client_id % self.num_workers != self.worker_index:
+        if client_owner(client_id, self.num_workers) != self.worker_index:
             raise ValueError(f"client {client_id} does not live on worker {self.worker_index}")
         seed = self.config.seed
         seed_global_torch(derive_seed(seed, Purpose.DROPOUT, round, client_id), self.device)
@@ -113,6 +113,11 @@ class ClientWorker:
             self.client_states[client_id] = state
         upload.tensors = {name: t.cpu() for name, t in upload.tensors.items()}
         return ClientResult(client_id, upload, self.model.buffers.cpu().clone())
+
+
+def client_owner(client_id: int, num_workers: int) -> int:
+    """Client i always lives on worker i mod P, so its state never moves."""
+    return client_id % num_workers
 
 
 def threads_per_process(config: Config) -> int:
