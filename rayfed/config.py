@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import yaml
 
+from rayfed.algorithms.registry import ALGORITHMS, resolve_hyperparameters
 from rayfed.data.datasets import DATASETS, missing_files
 from rayfed.data.partition import PARTITIONS
 from rayfed.errors import ConfigError
@@ -117,7 +118,6 @@ def resolve(config: Config) -> Config:
         config.engine.num_workers = 1
     if config.model.name == "auto":
         config.model.name = AUTO_MODELS[config.data.dataset]
-    from rayfed.algorithms.registry import resolve_hyperparameters
     resolve_hyperparameters(config.algorithm)
     _check_dataset_files(config)
     return config
@@ -129,7 +129,6 @@ def _validate_ranges(config: Config) -> None:
     _choice("model.name", config.model.name, MODELS)
     _choice("engine.backend", config.engine.backend, BACKENDS)
     _choice("algorithm.agg_weighting", config.algorithm.agg_weighting, AGG_WEIGHTINGS)
-    from rayfed.algorithms.registry import ALGORITHMS
     _choice("algorithm.name", config.algorithm.name, tuple(ALGORITHMS))
 
     positive = {

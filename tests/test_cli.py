@@ -107,3 +107,13 @@ def test_quick_start_runs_from_the_command_line(in_tmp):
     assert summary["final_test_accuracy"] == rounds[-1]["test_accuracy"]
     assert summary["best_test_accuracy"] == max(m["test_accuracy"] for m in rounds)
     assert summary["wall_time_s"] > 0
+
+
+def test_gpu_request_on_a_gpu_less_machine_fails_cleanly(in_tmp):
+    """rayfed starts its own Ray here, finds no GPU for the workers, stops Ray and says so in one line."""
+    completed = subprocess.run([sys.executable, "-m", "rayfed", "run", "engine.worker_gpus=0.5", "--out", "out"],
+                               capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 2
+    assert completed.stderr == ("rayfed: error: engine.num_workers=2 x engine.worker_gpus needs 1 GPUs "
+                                "but the Ray cluster has 0\n")
+    assert not (in_tmp / "out").exists()

@@ -34,7 +34,16 @@ class RayEngine:
     def __init__(self, config: Config, dataset: Dataset, partition: Partition):
         engine = config.engine
         self.started_ray = _connect(engine.address, engine.num_workers * engine.worker_cpus)
-        _check_resources(config)
+        try:
+            _check_resources(config)
+            self._start_actors(config, dataset, partition)
+        except BaseException:
+            if self.started_ray:
+                ray.shutdown()
+            raise
+
+    def _start_actors(self, config: Config, dataset: Dataset, partition: Partition) -> None:
+        engine = config.engine
         train_ref = ray.put((dataset.train_x, dataset.train_y))
         partition_ref = ray.put(partition)
         # The server works while the workers wait for the next round, so it reserves no CPU:
