@@ -52,6 +52,7 @@ def run(config: Config, run_dir: str | Path | None = None, progress: bool = True
         params = engine.get(engine.server.global_params())
         buffers = engine.get(engine.server.broadcast()).buffers
         server_state_bytes = engine.get(engine.server.state_bytes())
+        client_state_bytes = sum(engine.get([worker.client_state_bytes() for worker in engine.workers]))
     finally:
         engine.shutdown()
     summary = {
@@ -63,6 +64,7 @@ def run(config: Config, run_dir: str | Path | None = None, progress: bool = True
         "num_clients": config.data.num_clients,
         "num_params": int(params.numel()),
         "server_state_bytes": server_state_bytes,
+        "client_state_bytes": client_state_bytes,
         "seed": config.seed,
     }
     write_json_atomic(run_dir / "summary.json", summary)

@@ -18,9 +18,9 @@ from rayfed.data.datasets import DATASETS, missing_files
 from rayfed.data.partition import PARTITIONS
 from rayfed.errors import ConfigError
 
-MODELS = ("auto", "logreg", "mlp", "lenet5")
+MODELS = ("auto", "logreg", "mlp", "lenet5", "vgg11")
 # The papers' model for each dataset: FedProx used logistic regression on Synthetic.
-AUTO_MODELS = {"synthetic": "logreg", "mnist": "mlp", "fashion_mnist": "mlp", "cifar10": "lenet5", "cifar100": "lenet5"}
+AUTO_MODELS = {"synthetic": "logreg", "mnist": "mlp", "fashion_mnist": "mlp", "cifar10": "lenet5", "cifar100": "vgg11"}
 BACKENDS = ("local", "ray")
 AGG_WEIGHTINGS = ("uniform", "num_samples")
 
@@ -53,6 +53,12 @@ class AlgorithmConfig:
     # None: not set; the algorithm's default is filled in when the config is resolved.
     beta1: Optional[float] = None
     mu: Optional[float] = None
+    beta2: Optional[float] = None
+    memory_size: Optional[int] = None
+    anchor_mode: Optional[str] = None
+    qp_scope: Optional[str] = None
+    qp_margin_local: Optional[float] = None
+    qp_margin_global: Optional[float] = None
     agg_weighting: str = "uniform"
 
 
@@ -71,6 +77,7 @@ class EngineConfig:
     num_workers: int = 2
     worker_cpus: float = 1.0
     worker_gpus: float = 0.0
+    server_gpus: float = 0.0
     address: Optional[str] = None
 
 
@@ -119,6 +126,11 @@ def resolve(config: Config) -> Config:
     if config.model.name == "auto":
         config.model.name = AUTO_MODELS[config.data.dataset]
     resolve_hyperparameters(config.algorithm)
+    memory_size = config.algorithm.memory_size
+    if memory_size and memory_size < config.train.clients_per_round:
+        raise ConfigError(f"algorithm.memory_size={memory_size} is below train.clients_per_round="
+                          f"{config.train.clients_per_round}: the memory must hold every sampled client "
+                          f"(use at least that, or 0 for no memory)")
     _check_dataset_files(config)
     return config
 
@@ -159,9 +171,10 @@ def _validate_ranges(config: Config) -> None:
     if config.engine.num_workers > config.data.num_clients:
         raise ConfigError(f"engine.num_workers={config.engine.num_workers} exceeds "
                           f"data.num_clients={config.data.num_clients}; a worker hosts at least one client")
-    gpus = config.engine.worker_gpus
-    if gpus < 0 or (gpus > 1 and gpus != int(gpus)):
-        raise ConfigError(f"engine.worker_gpus={gpus} must be >= 0, and a whole number when above 1")
+    for key in ("worker_gpus", "server_gpus"):
+        gpus = getattr(config.engine, key)
+        if gpus < 0 or (gpus > 1 and gpus != int(gpus)):
+            raise ConfigError(f"engine.{key}={gpus} must be >= 0, and a whole number when above 1")
 
 
 def _check_dataset_files(config: Config) -> None:

@@ -20,7 +20,9 @@ class MetricsLog:
         self.file = open(path, "a")
 
     def append(self, metrics: dict) -> None:
-        self.file.write(json.dumps(metrics) + "\n")
+        # NaN (an undefined diagnostic) is not JSON; null is what other readers understand.
+        plain = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in metrics.items()}
+        self.file.write(json.dumps(plain) + "\n")
         self.file.flush()
 
     def close(self) -> None:

@@ -114,6 +114,6 @@ def test_gpu_request_on_a_gpu_less_machine_fails_cleanly(in_tmp):
     completed = subprocess.run([sys.executable, "-m", "rayfed", "run", "engine.worker_gpus=0.5", "--out", "out"],
                                capture_output=True, text=True, timeout=300)
     assert completed.returncode == 2
-    assert completed.stderr == ("rayfed: error: engine.num_workers=2 x engine.worker_gpus needs 1 GPUs "
-                                "but the Ray cluster has 0\n")
+    assert completed.stderr == ("rayfed: error: engine.num_workers=2 x engine.worker_gpus + engine.server_gpus "
+                                "needs 1 GPUs but the Ray cluster has 0\n")
     assert not (in_tmp / "out").exists()

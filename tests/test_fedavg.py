@@ -2,52 +2,11 @@
 import pytest
 import torch
 
-from rayfed.algorithms.base import RoundInfo, weighted_average
+from rayfed.algorithms.base import Upload, weighted_average
 from rayfed.algorithms.fedavg import FedAvgM
-from rayfed.algorithms.registry import build_algorithm
-from rayfed.config import AlgorithmConfig, load_config
+from rayfed.config import load_config
 from rayfed.errors import ConfigError
-from tests.fakes import LeastSquaresTask
-
-DIM = 5
-NUM_CLIENTS = 6
-
-
-def client(client_id):
-    """A fresh task for the client: its batch stream starts over."""
-    return LeastSquaresTask(client_id, DIM, num_samples=8 + client_id)
-
-
-def run_rounds(algorithm, schedule, x0=None):
-    """Runs `algorithm` on the fake clients; `schedule` lists each round's sampled ids.
-    Returns the server state after every round and the client models of every round."""
-    state = algorithm.server_init(torch.zeros(DIM) if x0 is None else x0, NUM_CLIENTS)
-    states, client_models = [], []
-    for round, sampled in enumerate(schedule):
-        down = algorithm.broadcast(state)
-        uploads, models = {}, {}
-        for client_id in sorted(sampled):
-            task = client(client_id)
-            upload, _ = algorithm.client_train(task, down, algorithm.client_init(client_id))
-            uploads[client_id] = upload
-            models[client_id] = task.params.clone()
-        state = algorithm.server_step(state, uploads, RoundInfo(round, tuple(sampled), NUM_CLIENTS))
-        states.append(state)
-        client_models.append(models)
-    return states, client_models
-
-
-SCHEDULE = [[0, 3, 5], [1, 2, 3], [4, 0, 2], [5, 1, 4]]
-
-
-def make(name, **hyper):
-    config = AlgorithmConfig(name=name, lr_local=0.1, lr_global=hyper.pop("lr_global", 0.7),
-                             beta1=hyper.pop("beta1", None), mu=hyper.pop("mu", None),
-                             agg_weighting=hyper.pop("agg_weighting", "uniform"))
-    from rayfed.algorithms.registry import resolve_hyperparameters
-    resolve_hyperparameters(config)
-    return build_algorithm(config, local_steps=3)
-
+from tests.fakes import DIM, client, make, run_rounds
 
 def manual_local_sgd(client_id, x_t, steps=3, lr=0.1, mu=0.0):
     task = client(client_id)
@@ -78,7 +37,8 @@ def test_fedprox_local_gradient_has_proximal_term():
 
 
 def test_fedavgm_follows_momentum_recursion():
-    states, models = run_rounds(make("fedavgm", beta1=0.6, lr_global=0.7), SCHEDULE)
+    run = run_rounds(make("fedavgm", beta1=0.6, lr_global=0.7))
+    states, models = run.states, run.client_models
     x, m = torch.zeros(DIM), torch.zeros(DIM)
     for state, round_models in zip(states, models):
         d = torch.stack([x - round_models[i] for i in sorted(round_models)]).mean(0)
@@ -89,7 +49,8 @@ def test_fedavgm_follows_momentum_recursion():
 
 
 def test_fedavg_with_unit_server_lr_is_the_average_of_client_models():
-    states, models = run_rounds(make("fedavg", lr_global=1.0), SCHEDULE)
+    run = run_rounds(make("fedavg", lr_global=1.0))
+    states, models = run.states, run.client_models
     for state, round_models in zip(states, models):
         average = torch.stack([round_models[i] for i in sorted(round_models)]).mean(0)
         assert torch.allclose(state.params, average, rtol=1e-6, atol=1e-7)
@@ -102,24 +63,21 @@ def test_fedavg_with_unit_server_lr_is_the_average_of_client_models():
     (dict(name="fedproxm", beta1=0.0, mu=0.2), dict(name="fedprox", mu=0.2)),
 ])
 def test_exact_reductions(left, right):
-    left_states, _ = run_rounds(make(**left), SCHEDULE)
-    right_states, _ = run_rounds(make(**right), SCHEDULE)
-    for a, b in zip(left_states, right_states):
+    for a, b in zip(run_rounds(make(**left)).states, run_rounds(make(**right)).states):
         assert torch.equal(a.params, b.params)
 
 
 def test_sample_count_weighting():
     uploads = {}
     for client_id, n in [(0, 1), (1, 3)]:
-        from rayfed.algorithms.base import Upload
         uploads[client_id] = Upload({"update": torch.full((2,), float(client_id + 1))}, n)
     assert torch.allclose(weighted_average(uploads, "update", "uniform"), torch.full((2,), 1.5))
     assert torch.allclose(weighted_average(uploads, "update", "num_samples"), torch.full((2,), 0.25 * 1 + 0.75 * 2))
 
 
 def test_weighting_changes_the_trajectory():
-    uniform, _ = run_rounds(make("fedavg"), SCHEDULE)
-    weighted, _ = run_rounds(make("fedavg", agg_weighting="num_samples"), SCHEDULE)
+    uniform = run_rounds(make("fedavg")).states
+    weighted = run_rounds(make("fedavg", agg_weighting="num_samples")).states
     assert not torch.allclose(uniform[-1].params, weighted[-1].params)
 
 

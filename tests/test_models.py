@@ -19,6 +19,13 @@ def test_parameter_counts(name, shape, expected):
     assert FlatModel(build_model(name, shape, 10)).num_params == expected
 
 
+def test_vgg11_matches_the_spec_size_and_runs():
+    model = FlatModel(build_model("vgg11", (3, 32, 32), 100))
+    assert round(model.num_params / 1e6, 2) == 9.30                # spec §5.3: d ~ 9.30M
+    loss, grad = model.loss_and_grad(torch.randn(4, 3, 32, 32), torch.randint(0, 100, (4,)))
+    assert torch.isfinite(loss) and grad.shape == model.params.shape
+
+
 def test_parameters_and_buffers_are_views_of_the_flat_vectors():
     torch.manual_seed(0)
     model = FlatModel(build_model("mlp", (12,), 3, [8]))
@@ -59,7 +66,7 @@ def test_evaluate_uses_eval_mode_and_restores_train_mode():
 
 
 def test_lenet5_rejects_non_image_inputs():
-    with pytest.raises(ConfigError, match="lenet5 needs image data"):
+    with pytest.raises(ConfigError, match="needs image data"):
         build_model("lenet5", (60,), 10)
 
 
@@ -104,3 +111,26 @@ def test_gradient_at_a_foreign_point_leaves_the_resident_model_alone():
     _, grad_here = task.loss_and_grad(resident, batch)
     assert not torch.equal(grad_here, grad_elsewhere)
     np.testing.assert_array_equal(task.model.params.numpy(), point.numpy())
+
+
+def test_auxiliary_gradients_leave_batchnorm_statistics_as_a_plain_step_would():
+    """Spec §7 check 15: the gradients GradMA-W takes at other points (previous iterate, global
+    model) must not move the resident model's BN running statistics."""
+    def task_with_bn():
+        torch.manual_seed(0)
+        model = FlatModel(build_model("mlp", (6,), 3, [5]))
+        train_x = torch.randn(40, 6, generator=torch.Generator().manual_seed(1))
+        return ClientTask(model, train_x, torch.arange(40) % 3, torch.arange(40), 8, torch.Generator().manual_seed(2))
+
+    plain, corrected = task_with_bn(), task_with_bn()
+    start = plain.model.params.clone()
+    for task in (plain, corrected):
+        resident = task.start_from(start)
+        batch = task.next_batch()
+        task.loss_and_grad(resident, batch)
+        if task is corrected:
+            task.loss_and_grad(start + 1.0, batch)          # a1 at another point
+            task.loss_and_grad(start - 0.5, batch)          # a2 at another point
+    assert not torch.equal(plain.model.buffers, task_with_bn().model.buffers)     # the step did move them
+    assert torch.equal(plain.model.buffers, corrected.model.buffers)
+    assert torch.equal(plain.model.params, corrected.model.params)

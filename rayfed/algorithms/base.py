@@ -28,7 +28,9 @@ class ClientTask(Protocol):
         """The next minibatch from this client's own random stream for this round."""
 
     def loss_and_grad(self, params: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
-        """Mean loss (a detached scalar tensor) and its gradient at `params` on `batch`.
+        """Mean loss (a detached scalar tensor) and its gradient at `params` on `batch`, in train mode.
+        At the resident vector this is a training step's gradient (BatchNorm statistics update);
+        anywhere else the resident model, its statistics included, is left as it was.
         The gradient is a reused buffer, valid until the next call."""
 
 
@@ -71,9 +73,17 @@ class Algorithm:
     def client_train(self, task: ClientTask, down: dict[str, Tensor], client_state: Any) -> tuple[Upload, Any]:
         raise NotImplementedError
 
-    def server_step(self, server_state: Any, uploads: dict[int, Upload], round_info: RoundInfo) -> Any:
-        """`uploads` is ordered by client id; combining in that order keeps runs bitwise reproducible."""
+    def server_step(self, server_state: Any, uploads: dict[int, Upload],
+                    round_info: RoundInfo) -> tuple[Any, dict[str, float]]:
+        """The next server state and the round's algorithm metrics (diagnostics for metrics.jsonl).
+        `uploads` is ordered by client id; combining in that order keeps runs bitwise reproducible."""
         raise NotImplementedError
+
+    def state_bytes(self, state: Any) -> int:
+        """Bytes of tensors held in a (server or client) state: the memory the docs promise to report."""
+        if state is None:
+            return 0
+        return sum(value.numel() * value.element_size() for value in vars(state).values() if isinstance(value, Tensor))
 
 
 def weighted_average(uploads: dict[int, Upload], name: str, weighting: str) -> Tensor:

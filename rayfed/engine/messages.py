@@ -53,6 +53,11 @@ class WorkerResult:
                    tensors={name: torch.stack([r.upload.tensors[name] for r in results]) for name in names},
                    buffers=torch.stack([r.buffers for r in results]))
 
+    def to(self, device: torch.device) -> "WorkerResult":
+        return WorkerResult(self.client_ids, self.num_samples, self.metrics,
+                            {name: stacked.to(device) for name, stacked in self.tensors.items()},
+                            self.buffers.to(device))
+
     def unpack(self) -> list[ClientResult]:
         return [ClientResult(client_id,
                              Upload({name: stacked[row] for name, stacked in self.tensors.items()},

@@ -48,7 +48,7 @@ class RayEngine:
         partition_ref = ray.put(partition)
         # The server works while the workers wait for the next round, so it reserves no CPU:
         # otherwise P one-CPU workers could not all be placed on a P-core machine.
-        server_actor = ray.remote(Server).options(num_cpus=0, max_restarts=0)
+        server_actor = ray.remote(Server).options(num_cpus=0, num_gpus=engine.server_gpus, max_restarts=0)
         worker_actor = ray.remote(ClientWorker).options(num_cpus=engine.worker_cpus, num_gpus=engine.worker_gpus)
         self.server = RemoteHandle(server_actor.remote(config, (dataset.test_x, dataset.test_y),
                                                        dataset.input_shape, dataset.num_classes))
@@ -94,9 +94,11 @@ def _connect(address: str | None, cpus_needed: float) -> bool:
 def _check_resources(config: Config) -> None:
     engine = config.engine
     available = ray.cluster_resources()
-    needs = {"CPU": engine.num_workers * engine.worker_cpus, "GPU": engine.num_workers * engine.worker_gpus}
-    for resource, needed in needs.items():
+    needs = {"CPU": (engine.num_workers * engine.worker_cpus, f"engine.num_workers={engine.num_workers} x "
+                                                                 f"engine.worker_cpus"),
+             "GPU": (engine.num_workers * engine.worker_gpus + engine.server_gpus,
+                     f"engine.num_workers={engine.num_workers} x engine.worker_gpus + engine.server_gpus")}
+    for resource, (needed, keys) in needs.items():
         if needed > available.get(resource, 0.0) + 1e-9:
-            key = "engine.worker_cpus" if resource == "CPU" else "engine.worker_gpus"
-            raise ConfigError(f"engine.num_workers={engine.num_workers} x {key} needs {needed:g} {resource}s "
-                              f"but the Ray cluster has {available.get(resource, 0.0):g}")
+            raise ConfigError(f"{keys} needs {needed:g} {resource}s but the Ray cluster has "
+                              f"{available.get(resource, 0.0):g}")

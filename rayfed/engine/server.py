@@ -10,7 +10,7 @@ from rayfed.algorithms.base import RoundInfo
 from rayfed.algorithms.registry import build_algorithm
 from rayfed.config import Config
 from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult
-from rayfed.engine.worker import as_tensor, threads_per_process
+from rayfed.engine.worker import as_tensor, device_for, threads_per_process
 from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, derive_seed, numpy_rng
 
@@ -20,13 +20,14 @@ class Server:
                  input_shape: tuple[int, ...], num_classes: int):
         torch.set_num_threads(threads_per_process(config))
         self.config = config
-        self.device = torch.device("cpu")
+        # On a GPU the memory algorithms' D, its Gram matrix and the QPs run there too.
+        self.device = device_for(config.engine.server_gpus)
         self.test_x = as_tensor(test_data[0], self.device)
         self.test_y = as_tensor(test_data[1], self.device)
-        self.algorithm = build_algorithm(config.algorithm, config.train.local_steps)
         torch.manual_seed(derive_seed(config.seed, Purpose.MODEL_INIT))
         self.model = FlatModel(build_model(config.model.name, input_shape, num_classes,
                                            config.model.hidden_sizes), self.device)
+        self.algorithm = build_algorithm(config.algorithm, config.train.local_steps, self.model.blocks)
         self.state = self.algorithm.server_init(self.model.params.clone(), config.data.num_clients)
         self.buffers = self.model.buffers.clone()
         self.sampled: list[int] = []
@@ -39,17 +40,20 @@ class Server:
         return self.sampled
 
     def broadcast(self) -> Broadcast:
-        return Broadcast(self.algorithm.broadcast(self.state), self.buffers)
+        """On the CPU: workers may have no GPU, and each moves it to its own device once per round."""
+        tensors = {name: tensor.cpu() for name, tensor in self.algorithm.broadcast(self.state).items()}
+        return Broadcast(tensors, self.buffers.cpu())
 
     def global_params(self) -> Tensor:
         return self.algorithm.global_params(self.state)
 
     def step(self, round: int, *worker_results: WorkerResult) -> dict:
         """Completes round `round` (0-based) from the workers' results; returns its metrics."""
-        results = sorted((r for packed in worker_results for r in packed.unpack()), key=lambda r: r.client_id)
+        results = sorted((r for packed in worker_results for r in packed.to(self.device).unpack()),
+                         key=lambda r: r.client_id)
         uploads = {r.client_id: r.upload for r in results}
         down_bytes = self.broadcast().nbytes
-        self.state = self.algorithm.server_step(
+        self.state, algorithm_metrics = self.algorithm.server_step(
             self.state, uploads,
             RoundInfo(round=round, sampled=tuple(self.sampled), num_clients=self.config.data.num_clients))
         if self.buffers.numel():
@@ -60,6 +64,7 @@ class Server:
             "num_participants": len(results),
             "bytes_up": sum(r.nbytes for r in results),
             "bytes_down": down_bytes * len(self.sampled),
+            **algorithm_metrics,
         }
         rounds = self.config.train.rounds
         if (round + 1) % self.config.train.eval_every == 0 or round + 1 == rounds:
@@ -73,8 +78,7 @@ class Server:
 
     def state_bytes(self) -> int:
         """Bytes of algorithm state the server holds (model included)."""
-        tensors = [v for v in vars(self.state).values() if isinstance(v, Tensor)]
-        return sum(t.numel() * t.element_size() for t in tensors) + self.buffers.numel() * 4
+        return self.algorithm.state_bytes(self.state) + self.buffers.numel() * self.buffers.element_size()
 
 
 def _weighted_buffers(results: list[ClientResult]) -> Tensor:

@@ -17,8 +17,9 @@ from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, derive_seed, seed_global_torch, torch_generator
 
 
-def worker_device(config: Config) -> torch.device:
-    return torch.device("cuda" if config.engine.worker_gpus > 0 and torch.cuda.is_available() else "cpu")
+def device_for(gpus: float) -> torch.device:
+    """A process given a GPU share computes on it; without one (or on a machine without), on the CPU."""
+    return torch.device("cuda" if gpus > 0 and torch.cuda.is_available() else "cpu")
 
 
 def as_tensor(array: np.ndarray, device: torch.device) -> Tensor:
@@ -62,10 +63,12 @@ class ClientTask:
     def loss_and_grad(self, params: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
         if params is self.model.params:
             return self.model.loss_and_grad(*batch)
-        resident = self.model.params.clone()
+        resident_params = self.model.params.clone()
+        resident_buffers = self.model.buffers.clone()
         self.model.params.copy_(params)
         loss, grad = self.model.loss_and_grad(*batch)
-        self.model.params.copy_(resident)
+        self.model.params.copy_(resident_params)
+        self.model.buffers.copy_(resident_buffers)
         return loss, grad
 
 
@@ -77,16 +80,16 @@ class ClientWorker:
                  input_shape: tuple[int, ...], num_classes: int, worker_index: int = 0, num_workers: int = 1):
         torch.set_num_threads(threads_per_process(config))
         self.config = config
-        self.device = worker_device(config)
+        self.device = device_for(config.engine.worker_gpus)
         self.train_x = as_tensor(train_data[0], self.device)
         self.train_y = as_tensor(train_data[1], self.device)
         self.partition = partition
         self.worker_index = worker_index
         self.num_workers = num_workers
-        self.algorithm = build_algorithm(config.algorithm, config.train.local_steps)
         torch.manual_seed(0)    # the architecture's own init is overwritten by every broadcast
         self.model = FlatModel(build_model(config.model.name, input_shape, num_classes,
                                            config.model.hidden_sizes), self.device)
+        self.algorithm = build_algorithm(config.algorithm, config.train.local_steps, self.model.blocks)
         # Created on a client's first participation, so clients that never train cost nothing.
         self.client_states: dict[int, Any] = {}
 
@@ -113,6 +116,9 @@ class ClientWorker:
             self.client_states[client_id] = state
         upload.tensors = {name: t.cpu() for name, t in upload.tensors.items()}
         return ClientResult(client_id, upload, self.model.buffers.cpu().clone())
+
+    def client_state_bytes(self) -> int:
+        return sum(self.algorithm.state_bytes(state) for state in self.client_states.values())
 
 
 def client_owner(client_id: int, num_workers: int) -> int:

@@ -19,8 +19,11 @@ class FlatModel:
         trainable = [p for p in module.parameters() if p.requires_grad]
         self.params = _flatten_into_views(trainable)
         self.grad = torch.zeros_like(self.params)
+        # [start, stop) of each parameter tensor in `params`: the blocks of qp_scope="tensor".
+        self.blocks: list[tuple[int, int]] = []
         offset = 0
         for parameter in trainable:
+            self.blocks.append((offset, offset + parameter.numel()))
             # Backward accumulates in place into an existing .grad, so these views fill self.grad.
             parameter.grad = self.grad[offset:offset + parameter.numel()].view_as(parameter)
             offset += parameter.numel()

@@ -1,0 +1,148 @@
+"""GradMA-W, GradMA-S and GradMA (specs/gradma.md §3.6-3.11; Alg. 1-3, 7, 8).
+
+GradMA-W corrects every local step: the gradient is projected onto the cone of directions
+that do not oppose the gradient at the previous local iterate, the gradient at the received
+global model, and the drift x_tau - x_t (spec §2.2). GradMA-S corrects the server momentum
+against the memory D of decayed client updates, kept for at most m clients (§2.3, §3.8-3.9).
+GradMA does both.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rayfed.algorithms.base import Algorithm, ClientTask, RoundInfo, Upload, local_sgd, weighted_average
+from rayfed.algorithms.memory import GradientMemory
+from rayfed.qp import QPInfo, cone_project, cone_project_blocks
+
+
+@dataclass
+class GradMAServerState:
+    params: Tensor                  # x_t
+    momentum: Tensor                # mtilde_t, the corrected momentum (zero at t = 0)
+    memory: GradientMemory | None   # D, counters and buffer of mem_red; None when m = 0
+
+
+@dataclass
+class GradMAClientState:
+    last_local: Tensor              # xhat^(i): the final local model of the client's last participation
+
+
+class GradMA(Algorithm):
+    def __init__(self, lr_local: float, lr_global: float, local_steps: int, param_blocks: list[tuple[int, int]], *,
+                 correct_locally: bool, memory_size: int = 0, beta1: float = 0.0, beta2: float = 0.0,
+                 anchor_mode: str = "last_local", qp_scope: str = "model", qp_margin_local: float = 0.0,
+                 qp_margin_global: float = 0.0, agg_weighting: str = "uniform"):
+        self.lr_local = lr_local
+        self.lr_global = lr_global
+        self.local_steps = local_steps
+        self.param_blocks = param_blocks
+        self.correct_locally = correct_locally
+        self.memory_size = memory_size
+        self.beta1 = beta1
+        self.beta2 = beta2
+        self.anchor_mode = anchor_mode
+        self.qp_scope = qp_scope
+        self.qp_margin_local = qp_margin_local
+        self.qp_margin_global = qp_margin_global
+        self.agg_weighting = agg_weighting
+
+    def server_init(self, params: Tensor, num_clients: int) -> GradMAServerState:
+        memory = None
+        if self.memory_size:
+            # More rows than clients could never fill.
+            memory = GradientMemory(min(self.memory_size, num_clients), params.numel(), self.beta2,
+                                    blocks=self.param_blocks if self.qp_scope == "tensor" else None,
+                                    device=params.device, dtype=params.dtype)
+        return GradMAServerState(params=params.clone(), momentum=params.new_zeros(params.shape), memory=memory)
+
+    def broadcast(self, state: GradMAServerState) -> dict[str, Tensor]:
+        return {"params": state.params}
+
+    def global_params(self, state: GradMAServerState) -> Tensor:
+        return state.params
+
+    def state_bytes(self, state) -> int:
+        memory = getattr(state, "memory", None)
+        return super().state_bytes(state) + (memory.nbytes if memory is not None else 0)
+
+    def client_train(self, task: ClientTask, down: dict[str, Tensor],
+                     client_state: GradMAClientState | None) -> tuple[Upload, GradMAClientState | None]:
+        global_params = down["params"]
+        if not self.correct_locally:
+            local, mean_loss = local_sgd(task, global_params, self.local_steps, self.lr_local)
+            return Upload({"update": global_params - local}, task.num_samples, {"train_loss": mean_loss}), None
+        local, mean_loss, infos = self._worker_update(task, global_params, client_state)
+        metrics = {"train_loss": mean_loss, **_summarize(infos, "qp_local")}
+        new_state = GradMAClientState(local.clone()) if self.anchor_mode == "last_local" else None
+        return Upload({"update": global_params - local}, task.num_samples, metrics), new_state
+
+    def _worker_update(self, task: ClientTask, global_params: Tensor,
+                       client_state: GradMAClientState | None) -> tuple[Tensor, float, list[QPInfo]]:
+        """Worker_Update (spec §3.6): I steps along the QP-corrected gradient; the three constraint
+        gradients are taken on the step's own minibatch (spec §2.4 defaults)."""
+        use_last_local = self.anchor_mode == "last_local" and client_state is not None
+        previous = client_state.last_local if use_last_local else global_params      # x_{t,-1}
+        current = task.start_from(global_params)                                       # x_{t,0}
+        loss_sum, infos = 0.0, []
+        for _ in range(self.local_steps):
+            batch = task.next_batch()
+            loss, grad = task.loss_and_grad(current, batch)
+            gradient = grad.clone()
+            loss_sum += float(loss)
+            at_previous = task.loss_and_grad(previous, batch)[1].clone()              # a1
+            at_global = task.loss_and_grad(global_params, batch)[1].clone()           # a2
+            constraints = torch.stack([at_previous, at_global, current - global_params])   # a3 = x_tau - x_t
+            corrected, info = self._project(gradient, constraints, self.qp_margin_local)
+            infos.append(info)
+            previous = current.clone()
+            current.sub_(corrected, alpha=self.lr_local)
+        return current, loss_sum / self.local_steps, infos
+
+    def server_step(self, state: GradMAServerState, uploads: dict[int, Upload],
+                    round_info: RoundInfo) -> tuple[GradMAServerState, dict]:
+        update = weighted_average(uploads, "update", self.agg_weighting)          # d_{t+1}
+        momentum = state.momentum.mul(self.beta1).add_(update)                    # m_{t+1} = beta1 mtilde_t + d_{t+1}
+        metrics = _average_client_metrics(uploads, "qp_local") if self.correct_locally else {}
+        if state.memory is not None:
+            # mem_red (spec §3.8) only depends on who took part, so it can run after training.
+            participants = [client_id for client_id in round_info.sampled if client_id in uploads]
+            evicted = state.memory.admit(participants)
+            state.memory.update({client_id: uploads[client_id].tensors["update"] for client_id in participants})
+            momentum, info = self._project(momentum, state.memory.rows, self.qp_margin_global,
+                                           gram=state.memory.gram)                # mtilde_{t+1} = QP_g(m_{t+1}, D)
+            metrics.update(_summarize([info], "qp_global"))
+            metrics.update(memory_rows=len(state.memory.buffered), memory_evictions=len(evicted))
+        params = state.params.sub(momentum, alpha=self.lr_global)                # x_{t+1} = x_t - eta_g mtilde_{t+1}
+        return GradMAServerState(params=params, momentum=momentum, memory=state.memory), metrics
+
+    def _project(self, vector: Tensor, constraints: Tensor, margin: float,
+                 gram: Tensor | None = None) -> tuple[Tensor, QPInfo]:
+        if self.qp_scope == "model":
+            return cone_project(vector, constraints, gram=gram, margin=margin)
+        return cone_project_blocks(vector, constraints, self.param_blocks, block_grams=gram, margin=margin)
+
+
+def _summarize(infos: list[QPInfo], prefix: str) -> dict[str, float]:
+    cosines = [info.min_cosine for info in infos if not math.isnan(info.min_cosine)]
+    return {
+        f"{prefix}_active": sum(info.active for info in infos) / len(infos),
+        f"{prefix}_change": sum(info.relative_change for info in infos) / len(infos),
+        f"{prefix}_min_cosine": min(cosines) if cosines else math.nan,
+        f"{prefix}_failures": sum(int(info.failed) for info in infos),
+    }
+
+
+def _average_client_metrics(uploads: dict[int, Upload], prefix: str) -> dict[str, float]:
+    """The participants' QP diagnostics for the round: means, except the minimum cosine and the failure count."""
+    per_client = [upload.metrics for upload in uploads.values()]
+    cosines = [m[f"{prefix}_min_cosine"] for m in per_client if not math.isnan(m[f"{prefix}_min_cosine"])]
+    return {
+        f"{prefix}_active": sum(m[f"{prefix}_active"] for m in per_client) / len(per_client),
+        f"{prefix}_change": sum(m[f"{prefix}_change"] for m in per_client) / len(per_client),
+        f"{prefix}_min_cosine": min(cosines) if cosines else math.nan,
+        f"{prefix}_failures": sum(m[f"{prefix}_failures"] for m in per_client),
+    }

@@ -1,0 +1,62 @@
+"""MIFA and MIFAM (specs/gradma.md §3.5, Alg. 6): the server steps along the average of the
+latest update of every one of the N clients, stragglers included. MIFA is MIFAM with beta1 = 0.
+
+Each client keeps its latest update g_old and uploads the change Delta = g_new - g_old, so the
+server's running average needs O(d) memory; the N latest updates live with the clients.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from rayfed.algorithms.base import Algorithm, ClientTask, RoundInfo, Upload, local_sgd
+
+
+@dataclass
+class MIFAServerState:
+    params: Tensor      # x_t
+    average: Tensor     # dbar_t = (1/N) sum_i g_old^(i), zeros for never-sampled clients
+    momentum: Tensor    # m_t
+
+
+@dataclass
+class MIFAClientState:
+    latest_update: Tensor   # g_old^(i); absent (None state) means the spec's initial 0
+
+
+class MIFA(Algorithm):
+    def __init__(self, lr_local: float, lr_global: float, local_steps: int, beta1: float = 0.0):
+        self.lr_local = lr_local
+        self.lr_global = lr_global
+        self.local_steps = local_steps
+        self.beta1 = beta1
+
+    def server_init(self, params: Tensor, num_clients: int) -> MIFAServerState:
+        return MIFAServerState(params=params.clone(), average=params.new_zeros(params.shape),
+                               momentum=params.new_zeros(params.shape))
+
+    def broadcast(self, state: MIFAServerState) -> dict[str, Tensor]:
+        return {"params": state.params}
+
+    def global_params(self, state: MIFAServerState) -> Tensor:
+        return state.params
+
+    def client_train(self, task: ClientTask, down: dict[str, Tensor],
+                     client_state: MIFAClientState | None) -> tuple[Upload, MIFAClientState]:
+        global_params = down["params"]
+        local, mean_loss = local_sgd(task, global_params, self.local_steps, self.lr_local)
+        latest = global_params - local                                      # g_new = x_t - y
+        change = latest if client_state is None else latest - client_state.latest_update
+        return (Upload({"change": change}, task.num_samples, {"train_loss": mean_loss}),
+                MIFAClientState(latest_update=latest))
+
+    def server_step(self, state: MIFAServerState, uploads: dict[int, Upload],
+                    round_info: RoundInfo) -> tuple[MIFAServerState, dict]:
+        change_sum = state.average.new_zeros(state.average.shape)
+        for upload in uploads.values():
+            change_sum.add_(upload.tensors["change"])
+        average = state.average.add(change_sum.div_(round_info.num_clients))    # always 1/N, never 1/S
+        momentum = state.momentum.mul(self.beta1).add_(average)                  # m_{t+1} = beta1 m_t + dbar_{t+1}
+        params = state.params.sub(momentum, alpha=self.lr_global)
+        return MIFAServerState(params=params, average=average, momentum=momentum), {}

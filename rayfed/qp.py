@@ -1,0 +1,258 @@
+"""The cone projection of GradMA (specs/gradma.md §2): the QP
+
+    ptilde = argmin_v 1/2 ||v - p||^2  s.t.  <v, M_j> >= margin * ||p|| * ||M_j||  for every row j,
+
+solved through its C-dimensional dual min_{z >= 0} 1/2 z^T Q z + b^T z (Q = M M^T, b = M p, the
+margin folded into b) and recovered as ptilde = p + z M. M is row-major: row j is the spec's
+column M[:, j].
+
+The worker calls this at every local step (C = 3) and the server once per round (C <= m), on
+the whole model or on every parameter tensor (§2.6). Everything before and after the solve is
+therefore batched over blocks of coordinates, and small QPs are solved together by exact
+active-set enumeration in torch, on the tensors' device; larger ones go to cvxopt, as in the
+authors' code.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Sequence
+
+import cvxopt
+import numpy as np
+import torch
+from torch import Tensor
+
+from rayfed.numerics import block_dot64, combine64
+
+SOLVERS = ("auto", "cvxopt", "enum")
+ENUM_MAX_ROWS = 3         # 2^C supports per QP: cheap for the worker's three constraints only
+ZERO_ROW = 1e-20          # relative squared norm under which a row is a trivially met constraint (§2.5 step 3)
+ENUM_TOL = 1e-12          # KKT slack accepted by the enumeration, relative to the normalised problem
+ENUM_FALLBACK_TOL = 1e-6  # worst KKT violation still usable when rounding leaves no support within ENUM_TOL
+ZERO_OUTPUT = 1e-6        # ||ptilde|| / ||p|| under which ptilde counts as 0 for min_cosine (§7's tolerance)
+CVXOPT_DUST = 1e-9        # interior-point multipliers below this (normalised) are inactive constraints
+CVXOPT_OPTIONS = {"show_progress": False, "abstol": 1e-12, "reltol": 1e-12, "feastol": 1e-12, "maxiters": 200}
+
+
+@dataclass
+class QPInfo:
+    """Diagnostics of one projection, for logging (§2.5 step 10)."""
+
+    active: int              # constraints with z_j > 0; 0 on the fast path
+    relative_change: float   # ||ptilde - p|| / ||p||; 0.0 when p == 0
+    min_cosine: float        # min over kept rows of cos(ptilde, M_j); nan when no row is kept or ptilde ~ 0
+    failed: bool             # the solver failed or something was non-finite, so p came back unchanged
+
+    @staticmethod
+    def merge(infos: Sequence[QPInfo]) -> QPInfo:
+        """One summary of several projections (e.g. all steps of a round): active constraints summed,
+        the largest relative change (the change of a concatenation is not a function of its parts'
+        ratios), the smallest cosine ignoring nan, failed if any failed."""
+        cosines = [info.min_cosine for info in infos if not math.isnan(info.min_cosine)]
+        return QPInfo(active=sum(info.active for info in infos),
+                      relative_change=max((info.relative_change for info in infos), default=0.0),
+                      min_cosine=min(cosines, default=math.nan),
+                      failed=any(info.failed for info in infos))
+
+
+def cone_project(p: Tensor, M: Tensor, *, gram: Tensor | None = None, margin: float = 0.0,
+                 ridge: float = 1e-10, solver: str = "auto") -> tuple[Tensor, QPInfo]:
+    """argmin_v 1/2||v - p||^2 s.t. <v, M_j> >= margin*||p||*||M_j|| for all rows j, via the dual
+    (spec §2.1, §2.5). p is (d,), M is (C, d); ptilde comes back in p's dtype and device.
+    `gram`: optional precomputed (C, C) float64 M M^T (the server keeps it incrementally); else
+    computed with dot64. Never raises for bad numbers: a failure returns p with info.failed set."""
+    return cone_project_blocks(p, M, [(0, p.shape[0])], block_grams=None if gram is None else gram[None],
+                               margin=margin, ridge=ridge, solver=solver)
+
+
+def cone_project_blocks(p: Tensor, M: Tensor, blocks: Sequence[tuple[int, int]], *,
+                        block_grams: Tensor | None = None, margin: float = 0.0, ridge: float = 1e-10,
+                        solver: str = "auto") -> tuple[Tensor, QPInfo]:
+    """qp_scope="tensor" (spec §2.6): one independent QP per [start, stop) block of coordinates
+    (blocks partition range(d), in order); ptilde is their concatenation. block_grams: optional
+    (T, C, C) float64. The info sums active constraints over blocks, takes the relative change of
+    the whole vector and the smallest per-block cosine; failed if any block failed (that block
+    keeps p; an overflow of the output returns p entirely)."""
+    _check_solver(solver, M.shape[0])
+    _check_partition(blocks, p.shape[0])
+    if M.shape[0] == 0:
+        return p.clone(), QPInfo(active=0, relative_change=0.0, min_cosine=math.nan, failed=False)
+
+    gram = block_dot64(M, M, blocks) if block_grams is None else block_grams.to(p.device, torch.float64)
+    p_dots = block_dot64(p[None], p[None], blocks)[:, 0, 0]
+    b = block_dot64(M, p[None], blocks)[..., 0]
+    # A non-finite p or M always shows in these products (nan * 0 is nan), so one check covers the input.
+    finite = gram.isfinite().all(2).all(1) & b.isfinite().all(1) & p_dots.isfinite()
+    gram = torch.where(finite[:, None, None], gram, 0.0)
+    b = torch.where(finite[:, None], b, 0.0)
+    p_dots = torch.where(finite, p_dots, 0.0)
+
+    row_norms2 = gram.diagonal(dim1=1, dim2=2)
+    keep = _kept_rows(row_norms2)
+    b_margin = b - margin * (p_dots[:, None] * row_norms2).sqrt()
+    violated = (keep & (b_margin < 0)).any(1)
+
+    z = _solve_batch(gram, b_margin, keep, ridge, solver)
+    solved = z.isfinite().all(1)
+    corrected = violated & solved
+    failed = ~finite | (violated & ~solved)
+    z = torch.where(corrected[:, None], z, 0.0)
+
+    ptilde = p.clone()
+    corrected_flags = corrected.tolist()
+    for index, ((start, stop), flag) in enumerate(zip(blocks, corrected_flags)):
+        if flag:
+            ptilde[start:stop] = combine64(p[start:stop], z[index], M[:, start:stop])
+
+    # Diagnostics from the float64 algebra, with no further pass over M: <ptilde, M_j> = b_j + (Q z)_j
+    # and ||ptilde||^2 = ||p||^2 + 2 b.z + z^T Q z.
+    gram_z = torch.einsum("tij,tj->ti", gram, z)
+    inner = b + gram_z
+    change2 = (z * gram_z).sum(1).clamp(min=0.0)
+    out_norms2 = (p_dots + 2 * (b * z).sum(1) + change2).clamp(min=0.0)
+    total_p2 = p_dots.sum()
+    whole_change = torch.where(total_p2 > 0, (change2.sum() / total_p2).sqrt(), 0.0)
+    # A ptilde that is zero up to rounding (p in the polar cone, or a tiny block squeezed between
+    # opposite rows) has no meaningful direction: its cosines would be rounding noise of either sign.
+    valid = keep & ~failed[:, None] & (out_norms2 > ZERO_OUTPUT ** 2 * p_dots)[:, None]
+    cosines = inner / (out_norms2[:, None] * row_norms2).sqrt()
+    lowest_cosine = torch.where(valid, cosines, math.inf).amin()
+    # Blocks that failed on non-finite input keep their non-finite p; anything else non-finite is
+    # an overflow of a corrected block's cast back to p's dtype.
+    overflow = (p.isfinite() & ~ptilde.isfinite()).any() if any(corrected_flags) else failed.new_zeros(())
+    active, relative_change, min_cosine, any_failed, overflow = torch.stack(
+        [(z > 0).sum().double(), whole_change, lowest_cosine, failed.any().double(), overflow.double()]).tolist()
+    if overflow:
+        return p.clone(), QPInfo(active=0, relative_change=0.0, min_cosine=math.nan, failed=True)
+    return ptilde, QPInfo(active=int(active), relative_change=relative_change,
+                          min_cosine=min_cosine if math.isfinite(min_cosine) else math.nan,
+                          failed=bool(any_failed))
+
+
+def solve_dual(gram: Tensor, b: Tensor, *, ridge: float = 1e-10, solver: str = "auto") -> tuple[Tensor, bool]:
+    """z >= 0 minimising 1/2 z^T Q z + b^T z in float64, for Q = gram plus a ridge of `ridge` times
+    each row's squared norm (the spec's trace(Q)/C ridge after normalising rows to unit norm).
+    Rows of (relatively) zero norm are dropped as in cone_project and get z_j = 0. Returns
+    (z, failed); a failed z is all nan."""
+    _check_solver(solver, gram.shape[0])
+    gram = gram.to(torch.float64)[None]
+    keep = _kept_rows(gram.diagonal(dim1=1, dim2=2))
+    z = _solve_batch(gram, b.to(gram)[None], keep, ridge, solver)[0]
+    return z, not bool(z.isfinite().all())
+
+
+def _kept_rows(row_norms2: Tensor) -> Tensor:
+    """(B, C) mask of the rows that are real constraints: zero rows (a3 at tau = 0, the memory of
+    unsampled workers when beta_2 = 0) are trivially met and would make Q singular."""
+    return row_norms2 > ZERO_ROW * row_norms2.amax(1, keepdim=True).clamp(min=1.0)
+
+
+def _solve_batch(gram: Tensor, b: Tensor, keep: Tensor, ridge: float, solver: str) -> Tensor:
+    """z (B, C) for B independent duals; z_j = 0 on dropped rows, a row of nan where the solver failed."""
+    rows = gram.shape[-1]
+    eye = torch.eye(rows, dtype=gram.dtype, device=gram.device)
+    # Solve for y with z = y * scale, on unit-norm rows and max |b| = 1 (§2.5 step 5). Row norms
+    # differ by orders of magnitude (a3 is tiny early in a round, memory rows decay by beta_2 every
+    # round), and a ridge relative to trace(Q)/C of the raw Gram would then swamp the short rows;
+    # on unit rows trace/C = 1, so the relative ridge is ridge * I and perturbs every constraint
+    # alike. The enumeration's tolerances and cvxopt's absolute ones also become scale-free.
+    # Dropped rows become decoupled identity rows with b_j = 0, hence z_j = 0.
+    norms = gram.diagonal(dim1=1, dim2=2).sqrt()
+    norms = torch.where(keep, norms, 1.0)
+    both_kept = keep[:, :, None] & keep[:, None, :]
+    Q = torch.where(both_kept, gram / (norms[:, :, None] * norms[:, None, :]), eye) + ridge * eye
+    b = torch.where(keep, b / norms, 0.0)
+    b_scale = b.abs().amax(1)
+    b_scale = torch.where(b_scale > 0, b_scale, 1.0)
+    b = b / b_scale[:, None]
+    if solver == "enum" or (solver == "auto" and rows <= ENUM_MAX_ROWS):
+        y = _enumerate_supports(Q, b)
+    else:
+        y = _cvxopt_batch(Q, b, keep)
+    return (y * (b_scale[:, None] / norms)).clamp(min=0.0)
+
+
+@lru_cache(maxsize=None)
+def _support_masks(rows: int) -> Tensor:
+    """(2^rows, rows) bool, every support ordered by size, then lexicographically; the empty one first
+    so that an already feasible dual (b >= 0) is solved too."""
+    supports = [subset for size in range(rows + 1) for subset in itertools.combinations(range(rows), size)]
+    masks = torch.zeros(len(supports), rows, dtype=torch.bool)
+    for index, subset in enumerate(supports):
+        masks[index, list(subset)] = True
+    return masks
+
+
+def _enumerate_supports(Q: Tensor, b: Tensor) -> Tensor:
+    """Exact active-set enumeration for a batch of small duals, Q (B, C, C) positive definite on its
+    kept rows, b (B, C), float64. For every support A it solves Q_AA z_A = -b_A and takes the first
+    support, in _support_masks order, whose z_A >= 0 and (Q z + b)_j >= 0 off A (and = 0 on A),
+    up to ENUM_TOL.
+    All supports of all problems go to the linear solver in one call, so it runs on any device
+    without a Python loop or host sync. Rows of nan where no support is usable."""
+    batch, rows = b.shape
+    masks = _support_masks(rows).to(Q.device)
+    inside = masks[:, :, None] & masks[:, None, :]
+    # Identity outside A makes the system block diagonal, so one full-size solve gives z_A and z = 0 off A.
+    eye = torch.eye(rows, dtype=Q.dtype, device=Q.device)
+    systems = torch.where(inside, Q[:, None], eye)
+    rhs = torch.where(masks, -b[:, None], 0.0)
+    z, info = torch.linalg.solve_ex(systems, rhs)
+    gradient = torch.einsum("bjk,bsk->bsj", Q, z) + b[:, None]
+    # The residual on A is checked too: a nearly singular Q_AA (dependent rows, no ridge) can give
+    # a huge z_A that solves the system only loosely, and must not pass for a KKT point.
+    stationarity = torch.where(masks, gradient.abs(), -gradient).clamp(min=0.0).amax(2)
+    violation = torch.maximum((-z).clamp(min=0.0).amax(2), stationarity)
+    violation = torch.where(info == 0, violation, math.inf).nan_to_num(nan=math.inf)
+    scale = b.abs().amax(1) + Q.diagonal(dim1=1, dim2=2).sum(1)
+    acceptable = violation <= ENUM_TOL * scale[:, None]
+    # Rounding on a nearly singular Q_AA can push every support just past tol; then the least
+    # violating one is still the solution to working precision.
+    choice = torch.where(acceptable.any(1), acceptable.int().argmax(1), violation.argmin(1))
+    picked = torch.arange(batch, device=Q.device)
+    usable = violation[picked, choice] <= ENUM_FALLBACK_TOL * scale
+    return torch.where(usable[:, None], z[picked, choice], math.nan)
+
+
+def _cvxopt_batch(Q: Tensor, b: Tensor, keep: Tensor) -> Tensor:
+    """The authors' solver (cvxopt.solvers.qp on the dual), one QP at a time on the kept rows."""
+    Q_host, b_host, keep_host = Q.cpu().numpy(), b.cpu().numpy(), keep.cpu().numpy()
+    y = np.zeros_like(b_host)
+    for index in range(len(b_host)):
+        rows = np.flatnonzero(keep_host[index])
+        if (b_host[index, rows] >= 0).all():
+            continue
+        y[index, rows] = _cvxopt_solve(Q_host[index][np.ix_(rows, rows)], b_host[index, rows])
+    return torch.from_numpy(y).to(Q.device)
+
+
+def _cvxopt_solve(Q: np.ndarray, b: np.ndarray) -> np.ndarray:
+    rows = len(b)
+    try:
+        solution = cvxopt.solvers.qp(cvxopt.matrix(Q), cvxopt.matrix(b), cvxopt.matrix(-np.eye(rows)),
+                                     cvxopt.matrix(np.zeros(rows)), options=CVXOPT_OPTIONS)
+    except Exception:  # noqa: BLE001 - any solver error falls back to p (§2.5 step 9), as in the authors' code
+        return np.full(rows, np.nan)
+    y = np.array(solution["x"]).ravel()
+    # Interior-point multipliers of inactive constraints stay about the duality gap above 0.
+    return np.where(y <= CVXOPT_DUST, 0.0, y)
+
+
+def _check_solver(solver: str, rows: int) -> None:
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown QP solver {solver!r}; expected one of {SOLVERS}")
+    if solver == "enum" and rows > ENUM_MAX_ROWS:
+        raise ValueError(f"QP solver 'enum' handles at most {ENUM_MAX_ROWS} constraints, got {rows}")
+
+
+def _check_partition(blocks: Sequence[tuple[int, int]], dim: int) -> None:
+    expected = 0
+    for start, stop in blocks:
+        if start != expected or stop < start:
+            raise ValueError(f"QP blocks must partition range({dim}) in order; got {list(blocks)}")
+        expected = stop
+    if not blocks or expected != dim:
+        raise ValueError(f"QP blocks must partition range({dim}) in order; got {list(blocks)}")
