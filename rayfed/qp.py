@@ -103,9 +103,11 @@ def cone_project_blocks(p: Tensor, M: Tensor, blocks: Sequence[tuple[int, int]],
 
     ptilde = p.clone()
     corrected_flags = corrected.tolist()
+    # Only active rows contribute: the server's memory has up to m rows but few active constraints.
+    active_rows = (z > 0).any(0).nonzero()[:, 0] if any(corrected_flags) else None
     for index, ((start, stop), flag) in enumerate(zip(blocks, corrected_flags)):
         if flag:
-            ptilde[start:stop] = combine64(p[start:stop], z[index], M[:, start:stop])
+            ptilde[start:stop] = combine64(p[start:stop], z[index, active_rows], M[active_rows, start:stop])
 
     # Diagnostics from the float64 algebra, with no further pass over M: <ptilde, M_j> = b_j + (Q z)_j
     # and ||ptilde||^2 = ||p||^2 + 2 b.z + z^T Q z.
