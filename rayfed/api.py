@@ -13,6 +13,7 @@ from rayfed.data import class_histogram, load_dataset, make_partition, write_his
 from rayfed.engine import make_engine, run_rounds
 from rayfed.errors import ConfigError
 from rayfed.metrics import MetricsLog, ProgressBar, summarize, write_json_atomic
+from rayfed.systems.clients import make_client_systems
 
 
 @dataclass
@@ -34,6 +35,7 @@ def run(config: Config, run_dir: str | Path | None = None, progress: bool = True
         if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
             raise ConfigError(f"output directory {run_dir} exists and is not empty; "
                               f"choose a new --out or remove it")
+    client_systems = make_client_systems(config)
     data = config.data
     dataset = load_dataset(data.dataset, root=data.root, download=data.download, seed=config.seed,
                            num_clients=data.num_clients, synthetic_alpha=data.synthetic_alpha,
@@ -41,7 +43,7 @@ def run(config: Config, run_dir: str | Path | None = None, progress: bool = True
     partition = make_partition(data.partition, dataset.train_y, dataset.num_classes, data.num_clients,
                                config.seed, alpha=data.alpha, shards_per_client=data.shards_per_client,
                                natural=dataset.natural_partition)
-    engine = make_engine(config, dataset, partition)
+    engine = make_engine(config, dataset, partition, client_systems)
     try:
         run_dir = _create_run_dir(run_dir, config)
         (run_dir / "config.yaml").write_text(config.to_yaml())

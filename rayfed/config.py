@@ -22,6 +22,8 @@ MODELS = ("auto", "logreg", "mlp", "lenet5", "vgg11")
 # The papers' model for each dataset: FedProx used logistic regression on Synthetic.
 AUTO_MODELS = {"synthetic": "logreg", "mnist": "mlp", "fashion_mnist": "mlp", "cifar10": "lenet5", "cifar100": "vgg11"}
 BACKENDS = ("local", "ray")
+ROUND_POLICIES = ("sync", "deadline", "overcommit")
+AVAILABILITIES = ("always", "bernoulli", "markov", "trace")
 AGG_WEIGHTINGS = ("uniform", "num_samples")
 
 
@@ -69,6 +71,24 @@ class TrainConfig:
     local_steps: int = 5
     batch_size: int = 64
     eval_every: int = 10
+    round_policy: str = "sync"
+    deadline_s: Optional[float] = None
+    overcommit: float = 0.3
+
+
+@dataclass
+class SystemsConfig:
+    availability: str = "always"
+    online_probability: float = 0.8
+    online_concentration: float = 10.0
+    mean_online_s: float = 600.0
+    mean_offline_s: float = 600.0
+    trace: Optional[str] = None
+    step_time_s: float = 0.05
+    step_time_spread: float = 0.0
+    upload_bps: float = 1.0e6
+    download_bps: float = 1.0e7
+    bandwidth_spread: float = 0.0
 
 
 @dataclass
@@ -88,6 +108,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    systems: SystemsConfig = field(default_factory=SystemsConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -140,6 +161,8 @@ def _validate_ranges(config: Config) -> None:
     _choice("data.partition", config.data.partition, ("auto", *PARTITIONS))
     _choice("model.name", config.model.name, MODELS)
     _choice("engine.backend", config.engine.backend, BACKENDS)
+    _choice("train.round_policy", config.train.round_policy, ROUND_POLICIES)
+    _choice("systems.availability", config.systems.availability, AVAILABILITIES)
     _choice("algorithm.agg_weighting", config.algorithm.agg_weighting, AGG_WEIGHTINGS)
     _choice("algorithm.name", config.algorithm.name, tuple(ALGORITHMS))
 
@@ -156,10 +179,24 @@ def _validate_ranges(config: Config) -> None:
         "train.eval_every": config.train.eval_every,
         "engine.num_workers": config.engine.num_workers,
         "engine.worker_cpus": config.engine.worker_cpus,
+        "systems.step_time_s": config.systems.step_time_s,
+        "systems.upload_bps": config.systems.upload_bps,
+        "systems.download_bps": config.systems.download_bps,
     }
     for key, value in positive.items():
         if not value > 0:
             raise ConfigError(f"{key}={value} must be > 0")
+    for key in ("step_time_spread", "bandwidth_spread"):
+        if getattr(config.systems, key) < 0:
+            raise ConfigError(f"systems.{key}={getattr(config.systems, key)} must be >= 0")
+    if config.train.overcommit < 0:
+        raise ConfigError(f"train.overcommit={config.train.overcommit} must be >= 0")
+    deadline = config.train.deadline_s
+    if config.train.round_policy == "deadline" and (deadline is None or not deadline > 0):
+        raise ConfigError(f"train.round_policy=deadline needs train.deadline_s > 0 (virtual seconds), got {deadline}")
+    if deadline is not None and config.train.round_policy != "deadline":
+        raise ConfigError(f"train.deadline_s is only used with train.round_policy=deadline, "
+                          f"not {config.train.round_policy}")
     for key in ("synthetic_alpha", "synthetic_beta"):
         if getattr(config.data, key) < 0:
             raise ConfigError(f"data.{key}={getattr(config.data, key)} must be >= 0")
@@ -307,6 +344,12 @@ def _coerce(key: str, value: Any, hint) -> Any:
         return [_coerce(f"{key}[{index}]", item, item_type) for index, item in enumerate(value)]
     if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
+    if hint is float and isinstance(value, str):
+        # YAML 1.1 reads 1e9 (no dot) as a string; researchers write it that way.
+        try:
+            return float(value)
+        except ValueError:
+            pass
     if hint is int and isinstance(value, int) and not isinstance(value, bool):
         return value
     if hint in (bool, str) and isinstance(value, hint):

@@ -17,6 +17,8 @@ class Purpose(IntEnum):
     BATCHES = 4
     DROPOUT = 5
     SYNTHETIC_DATA = 6
+    CLIENT_SPEEDS = 7
+    AVAILABILITY = 8
 
 
 def derive_seed(seed: int, purpose: Purpose, round: int = 0, client_id: int = 0) -> int:

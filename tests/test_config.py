@@ -21,6 +21,12 @@ def test_yaml_then_overrides(tmp_path):
     assert config.model.hidden_sizes == [4, 5]
 
 
+def test_exponent_notation_without_a_dot_is_a_number():
+    assert load_config(None, ["algorithm.lr_local=1e-3"]).algorithm.lr_local == 0.001
+    with pytest.raises(ConfigError, match="algorithm.lr_local must be a number, got 'fast'"):
+        load_config(None, ["algorithm.lr_local=fast"])
+
+
 def test_integers_are_accepted_as_numbers_but_not_the_reverse():
     assert load_config(None, ["algorithm.lr_local=1"]).algorithm.lr_local == 1.0
     assert isinstance(load_config(None, ["algorithm.lr_local=1"]).algorithm.lr_local, float)

@@ -7,6 +7,7 @@ from rayfed.config import load_config
 from rayfed.data import load_dataset
 from rayfed.engine.messages import ClientResult, WorkerResult
 from rayfed.engine.server import Server
+from rayfed.systems.clients import make_client_systems
 
 OVERRIDES = ["engine.backend=local", "data.num_clients=20", "train.clients_per_round=5", "train.rounds=7",
              "train.eval_every=3", "model.name=mlp", "model.hidden_sizes=[4]"]
@@ -15,7 +16,8 @@ OVERRIDES = ["engine.backend=local", "data.num_clients=20", "train.clients_per_r
 def make_server(*extra):
     config = load_config(None, OVERRIDES + list(extra))
     dataset = load_dataset("synthetic", num_clients=20)
-    return config, Server(config, (dataset.test_x, dataset.test_y), dataset.input_shape, dataset.num_classes)
+    return config, Server(config, (dataset.test_x, dataset.test_y), dataset.input_shape, dataset.num_classes,
+                          make_client_systems(config))
 
 
 def fake_results(server, sampled, buffers_of):

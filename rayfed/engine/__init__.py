@@ -4,14 +4,15 @@ from __future__ import annotations
 from rayfed.config import Config
 from rayfed.data import Dataset, Partition
 from rayfed.engine.loop import Engine, run_rounds
+from rayfed.systems.clients import ClientSystems
 
 
-def make_engine(config: Config, dataset: Dataset, partition: Partition) -> Engine:
+def make_engine(config: Config, dataset: Dataset, partition: Partition, client_systems: ClientSystems) -> Engine:
     if config.engine.backend == "local":
         from rayfed.engine.local import LocalEngine
-        return LocalEngine(config, dataset, partition)
+        return LocalEngine(config, dataset, partition, client_systems)
     from rayfed.engine.ray import RayEngine
-    return RayEngine(config, dataset, partition)
+    return RayEngine(config, dataset, partition, client_systems)
 
 
 __all__ = ["Engine", "make_engine", "run_rounds"]

@@ -8,13 +8,14 @@ from rayfed.data import Dataset, Partition
 from rayfed.engine.loop import InlineHandle
 from rayfed.engine.server import Server
 from rayfed.engine.worker import ClientWorker
+from rayfed.systems.clients import ClientSystems
 
 
 class LocalEngine:
-    def __init__(self, config: Config, dataset: Dataset, partition: Partition):
+    def __init__(self, config: Config, dataset: Dataset, partition: Partition, client_systems: ClientSystems):
         self.saved_threads = torch.get_num_threads()
         self.server = InlineHandle(Server(config, (dataset.test_x, dataset.test_y),
-                                          dataset.input_shape, dataset.num_classes))
+                                          dataset.input_shape, dataset.num_classes, client_systems))
         self.workers = [InlineHandle(ClientWorker(config, (dataset.train_x, dataset.train_y), partition,
                                                   dataset.input_shape, dataset.num_classes))]
 

@@ -17,6 +17,7 @@ from rayfed.data import Dataset, Partition
 from rayfed.engine.server import Server
 from rayfed.engine.worker import ClientWorker
 from rayfed.errors import ConfigError
+from rayfed.systems.clients import ClientSystems
 
 
 class RemoteHandle:
@@ -31,18 +32,19 @@ class RemoteHandle:
 
 
 class RayEngine:
-    def __init__(self, config: Config, dataset: Dataset, partition: Partition):
+    def __init__(self, config: Config, dataset: Dataset, partition: Partition, client_systems: ClientSystems):
         engine = config.engine
         self.started_ray = _connect(engine.address, engine.num_workers * engine.worker_cpus)
         try:
             _check_resources(config)
-            self._start_actors(config, dataset, partition)
+            self._start_actors(config, dataset, partition, client_systems)
         except BaseException:
             if self.started_ray:
                 ray.shutdown()
             raise
 
-    def _start_actors(self, config: Config, dataset: Dataset, partition: Partition) -> None:
+    def _start_actors(self, config: Config, dataset: Dataset, partition: Partition,
+                      client_systems: ClientSystems) -> None:
         engine = config.engine
         train_ref = ray.put((dataset.train_x, dataset.train_y))
         partition_ref = ray.put(partition)
@@ -51,7 +53,7 @@ class RayEngine:
         server_actor = ray.remote(Server).options(num_cpus=0, num_gpus=engine.server_gpus, max_restarts=0)
         worker_actor = ray.remote(ClientWorker).options(num_cpus=engine.worker_cpus, num_gpus=engine.worker_gpus)
         self.server = RemoteHandle(server_actor.remote(config, (dataset.test_x, dataset.test_y),
-                                                       dataset.input_shape, dataset.num_classes))
+                                                       dataset.input_shape, dataset.num_classes, client_systems))
         self.workers = [
             RemoteHandle(worker_actor.remote(config, train_ref, partition_ref, dataset.input_shape,
                                              dataset.num_classes, index, engine.num_workers))

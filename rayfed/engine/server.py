@@ -2,6 +2,8 @@
 clients, folds the uploads in with the algorithm, and evaluates the global model."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -13,11 +15,13 @@ from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult
 from rayfed.engine.worker import as_tensor, device_for, threads_per_process
 from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, derive_seed, numpy_rng
+from rayfed.systems.clients import ClientSystems
+from rayfed.systems.policy import RoundPlan, plan_round
 
 
 class Server:
     def __init__(self, config: Config, test_data: tuple[np.ndarray, np.ndarray],
-                 input_shape: tuple[int, ...], num_classes: int):
+                 input_shape: tuple[int, ...], num_classes: int, client_systems: ClientSystems):
         torch.set_num_threads(threads_per_process(config))
         self.config = config
         # On a GPU the memory algorithms' D, its Gram matrix and the QPs run there too.
@@ -30,14 +34,30 @@ class Server:
         self.algorithm = build_algorithm(config.algorithm, config.train.local_steps, self.model.blocks)
         self.state = self.algorithm.server_init(self.model.params.clone(), config.data.num_clients)
         self.buffers = self.model.buffers.clone()
-        self.sampled: list[int] = []
+        self.client_systems = client_systems
+        self.virtual_time_s = 0.0
+        # What a client uploads is only known once one has; until then, as much as it downloads.
+        self.upload_bytes = self.broadcast().nbytes
+        self.plan = RoundPlan([], [], 0.0)
+        self.num_online = 0
 
     def sample(self, round: int) -> list[int]:
-        """S distinct clients, uniformly without replacement, from the stream (seed, round)."""
+        """The clients to train this round. S of the clients online now (more with overcommit) are drawn
+        uniformly without replacement from the stream (seed, round); the round policy then keeps those
+        whose uploads will count by their virtual durations. The others are never trained."""
+        train = self.config.train
+        online = np.flatnonzero(self.client_systems.availability.online(round, self.virtual_time_s))
+        wanted = train.clients_per_round
+        if train.round_policy == "overcommit":
+            wanted = math.ceil(wanted * (1 + train.overcommit))
         rng = numpy_rng(self.config.seed, Purpose.SAMPLE_CLIENTS, round)
-        chosen = rng.choice(self.config.data.num_clients, size=self.config.train.clients_per_round, replace=False)
-        self.sampled = [int(client_id) for client_id in chosen]
-        return self.sampled
+        sampled = online[rng.choice(len(online), size=min(wanted, len(online)), replace=False)]
+        durations = self.client_systems.speeds.round_durations(sampled, train.local_steps, self.broadcast().nbytes,
+                                                               self.upload_bytes)
+        self.plan = plan_round(train.round_policy, sampled, durations, clients_per_round=train.clients_per_round,
+                               deadline_s=train.deadline_s)
+        self.num_online = len(online)
+        return self.plan.participants
 
     def broadcast(self) -> Broadcast:
         """On the CPU: workers may have no GPU, and each moves it to its own device once per round."""
@@ -51,19 +71,27 @@ class Server:
         """Completes round `round` (0-based) from the workers' results; returns its metrics."""
         results = sorted((r for packed in worker_results for r in packed.to(self.device).unpack()),
                          key=lambda r: r.client_id)
-        uploads = {r.client_id: r.upload for r in results}
         down_bytes = self.broadcast().nbytes
-        self.state, algorithm_metrics = self.algorithm.server_step(
-            self.state, uploads,
-            RoundInfo(round=round, sampled=tuple(self.sampled), num_clients=self.config.data.num_clients))
-        if self.buffers.numel():
-            self.buffers = _weighted_buffers(results)
+        algorithm_metrics = {}
+        if results:     # a round where nobody made it leaves the model as it was
+            self.state, algorithm_metrics = self.algorithm.server_step(
+                self.state, {r.client_id: r.upload for r in results},
+                RoundInfo(round=round, sampled=tuple(self.plan.participants),
+                          num_clients=self.config.data.num_clients))
+            if self.buffers.numel():
+                self.buffers = _weighted_buffers(results)
+            self.upload_bytes = max(r.nbytes for r in results)
+        self.virtual_time_s += self.plan.round_time_s
         metrics = {
             "round": round + 1,
-            "train_loss": float(np.mean([r.upload.metrics["train_loss"] for r in results])),
+            "train_loss": float(np.mean([r.upload.metrics["train_loss"] for r in results])) if results else math.nan,
+            "num_online": self.num_online,
+            "num_sampled": len(self.plan.sampled),
             "num_participants": len(results),
+            "num_stragglers": len(self.plan.stragglers),
             "bytes_up": sum(r.nbytes for r in results),
-            "bytes_down": down_bytes * len(self.sampled),
+            "bytes_down": down_bytes * len(self.plan.sampled),
+            "virtual_time_s": self.virtual_time_s,
             **algorithm_metrics,
         }
         rounds = self.config.train.rounds

@@ -1,0 +1,216 @@
+"""Which clients are online at a round and virtual time: always, Bernoulli per round, on/off Markov, or a trace.
+
+Every model answers with a pure function of (seed, client, round or time): the server's round
+policy decides at which virtual times it asks, and two policies must see the same realisation
+for their runs to be comparable. All state is arrays over clients, so 100 000 clients stay cheap.
+"""
+from enum import IntEnum
+import math
+import pathlib
+from typing import Protocol
+
+import numpy as np
+
+from rayfed.errors import ConfigError
+from rayfed.systems.counter_random import uniform
+
+AVAILABILITIES = ("always", "bernoulli", "markov", "trace")
+TRACE_HEADER = "client_id,start,end"
+
+
+class Stream(IntEnum):
+    """One stream number per use of randomness here, so that no two uses ever share draws."""
+    BERNOULLI_ONLINE = 1
+    BERNOULLI_PROBABILITIES = 2
+    MARKOV = 3
+
+
+class Availability(Protocol):
+    def online(self, round: int, time_s: float) -> np.ndarray:
+        """bool (num_clients,): True for the clients online at round `round`, virtual time `time_s`."""
+
+
+class AlwaysOnline:
+    def __init__(self, num_clients: int):
+        self.num_clients = num_clients
+
+    def online(self, round: int, time_s: float) -> np.ndarray:
+        return np.ones(self.num_clients, dtype=bool)
+
+
+class BernoulliOnline:
+    """Client i is online at each round independently with its own p_i ~ Beta(p c, (1 - p) c).
+
+    The Beta spreads reliability over clients around the mean p: large c makes clients alike,
+    small c splits them into nearly-always and nearly-never online.
+    """
+
+    def __init__(self, num_clients: int, seed: int, probability: float, concentration: float):
+        self.seed = seed
+        self.client_ids = np.arange(num_clients, dtype=np.uint64)
+        if probability == 1:
+            # Beta(c, 0) is undefined; its limit is a point mass at 1.
+            self.online_probabilities = np.ones(num_clients)
+        else:
+            rng = np.random.default_rng([seed, int(Stream.BERNOULLI_PROBABILITIES)])
+            self.online_probabilities = rng.beta(probability * concentration, (1 - probability) * concentration,
+                                                 size=num_clients)
+
+    def online(self, round: int, time_s: float) -> np.ndarray:
+        return uniform(self.seed, Stream.BERNOULLI_ONLINE, self.client_ids, round) < self.online_probabilities
+
+
+class MarkovOnline:
+    """Each client alternates exponential on and off periods in virtual seconds, starting in the stationary law.
+
+    Client i's k-th period lasts -mean * log(uniform(seed, MARKOV, i, k + 1)), so its switch times are
+    fixed by the seed alone; the arrays below only cache how far along them each client has been walked.
+    """
+
+    def __init__(self, num_clients: int, seed: int, mean_online_s: float, mean_offline_s: float):
+        self.seed = seed
+        self.mean_online_s = mean_online_s
+        self.mean_offline_s = mean_offline_s
+        self.client_ids = np.arange(num_clients, dtype=np.uint64)
+        self._rewind()
+
+    def _rewind(self) -> None:
+        """Back to the state at time 0, with each client's first period drawn."""
+        stationary_online = self.mean_online_s / (self.mean_online_s + self.mean_offline_s)
+        self.is_online = uniform(self.seed, Stream.MARKOV, self.client_ids, 0) < stationary_online
+        self.periods_drawn = np.zeros(len(self.client_ids), dtype=np.int64)
+        self.period_ends_s = np.zeros(len(self.client_ids))
+        self._start_next_period(np.arange(len(self.client_ids)))
+        self.latest_query_s = -math.inf
+
+    def _start_next_period(self, clients: np.ndarray) -> None:
+        means = np.where(self.is_online[clients], self.mean_online_s, self.mean_offline_s)
+        draws = uniform(self.seed, Stream.MARKOV, self.client_ids[clients], self.periods_drawn[clients] + 1)
+        self.period_ends_s[clients] += -means * np.log(draws)
+        self.periods_drawn[clients] += 1
+
+    def online(self, round: int, time_s: float) -> np.ndarray:
+        # The cached periods can only be walked forwards; an earlier time replays them from 0,
+        # and the sums come out bit-identical because they are added in the same order.
+        if time_s < self.latest_query_s:
+            self._rewind()
+        self.latest_query_s = time_s
+        switching = np.flatnonzero(self.period_ends_s <= time_s)
+        while switching.size:
+            self.is_online[switching] = ~self.is_online[switching]
+            self._start_next_period(switching)
+            switching = switching[self.period_ends_s[switching] <= time_s]
+        return self.is_online.copy()
+
+
+class TraceOnline:
+    """Online intervals [start, end) read from a CSV in FedScale's layout; clients not listed are never online."""
+
+    def __init__(self, num_clients: int, path: str | pathlib.Path):
+        self.num_clients = num_clients
+        clients, starts, ends = read_trace(path, num_clients)
+        # Sorted by start, the intervals begun by time t are a prefix found by binary search.
+        order = np.argsort(starts, kind="stable")
+        self.interval_clients = clients[order]
+        self.interval_starts = starts[order]
+        self.interval_ends = ends[order]
+
+    def online(self, round: int, time_s: float) -> np.ndarray:
+        begun = np.searchsorted(self.interval_starts, time_s, side="right")
+        online = np.zeros(self.num_clients, dtype=bool)
+        online[self.interval_clients[:begun][self.interval_ends[:begun] > time_s]] = True
+        return online
+
+
+def read_trace(path: str | pathlib.Path, num_clients: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(client ids, starts, ends) of every interval in the file; ConfigError naming the line of the first bad one."""
+    path = pathlib.Path(path)
+    try:
+        # utf-8-sig: spreadsheet exports often begin with a byte-order mark.
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
+    except FileNotFoundError:
+        raise ConfigError(f"systems.trace={path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"systems.trace={path} cannot be read as a text file ({error})") from None
+    where = f"systems.trace={path}"
+    if not lines:
+        raise ConfigError(f"{where} line 1: the file is empty; it must begin with the header {TRACE_HEADER}")
+    if lines[0].strip() != TRACE_HEADER:
+        raise ConfigError(f"{where} line 1: the header is {lines[0]!r}; it must be exactly {TRACE_HEADER}")
+
+    clients, starts, ends = [], [], []
+    for line_number, line in enumerate(lines[1:], start=2):
+        # Blank lines (left at the end by editors, or between traces joined with cat) hold no interval.
+        if not line.strip():
+            continue
+        fields = line.split(",")
+        if len(fields) != 3:
+            raise ConfigError(f"{where} line {line_number}: {len(fields)} fields, expected 3 ({TRACE_HEADER})")
+        client_id = _trace_client_id(fields[0], num_clients, f"{where} line {line_number}")
+        start = _trace_seconds(fields[1], "start", f"{where} line {line_number}")
+        end = _trace_seconds(fields[2], "end", f"{where} line {line_number}")
+        if start < 0:
+            raise ConfigError(f"{where} line {line_number}: start={start} is negative; virtual time begins at 0")
+        if not end > start:
+            raise ConfigError(f"{where} line {line_number}: end={end} must be greater than start={start} "
+                              "(intervals are [start, end))")
+        clients.append(client_id)
+        starts.append(start)
+        ends.append(end)
+    if not clients:
+        raise ConfigError(f"{where} line 2: no intervals after the header; "
+                          "list at least one client_id,start,end line")
+    return np.array(clients, dtype=np.int64), np.array(starts), np.array(ends)
+
+
+def _trace_client_id(text: str, num_clients: int, where: str) -> int:
+    try:
+        client_id = int(text)
+    except ValueError:
+        raise ConfigError(f"{where}: client_id {text.strip()!r} is not a whole number") from None
+    if client_id < 0:
+        raise ConfigError(f"{where}: client_id {client_id} is negative; ids run from 0 to {num_clients - 1}")
+    if client_id >= num_clients:
+        raise ConfigError(f"{where}: client_id {client_id} exceeds data.num_clients={num_clients}; "
+                          f"ids run from 0 to {num_clients - 1}")
+    return client_id
+
+
+def _trace_seconds(text: str, column: str, where: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ConfigError(f"{where}: {column} {text.strip()!r} is not a number of seconds") from None
+    if not math.isfinite(seconds):
+        raise ConfigError(f"{where}: {column} {text.strip()!r} is not a finite number of seconds")
+    return seconds
+
+
+def make_availability(kind: str, num_clients: int, seed: int, *, probability: float = 0.8,
+                      concentration: float = 10.0, mean_online_s: float = 600.0, mean_offline_s: float = 600.0,
+                      trace: str | pathlib.Path | None = None) -> Availability:
+    """Check the parameters `kind` uses (ConfigError otherwise), then build its model."""
+    if kind not in AVAILABILITIES:
+        raise ConfigError(f"systems.availability={kind!r} is not one of {', '.join(AVAILABILITIES)}")
+    if num_clients < 1:
+        raise ConfigError(f"data.num_clients={num_clients} must be at least 1")
+    if seed < 0:
+        raise ConfigError(f"seed={seed} must be >= 0")
+
+    if kind == "always":
+        return AlwaysOnline(num_clients)
+    if kind == "bernoulli":
+        if not 0 < probability <= 1:
+            raise ConfigError(f"systems.online_probability={probability} must be in (0, 1]")
+        if not 0 < concentration < math.inf:
+            raise ConfigError(f"systems.online_concentration={concentration} must be a finite number > 0")
+        return BernoulliOnline(num_clients, seed, probability, concentration)
+    if kind == "markov":
+        for key, mean in (("mean_online_s", mean_online_s), ("mean_offline_s", mean_offline_s)):
+            if not 0 < mean < math.inf:
+                raise ConfigError(f"systems.{key}={mean} must be a finite number of seconds > 0")
+        return MarkovOnline(num_clients, seed, mean_online_s, mean_offline_s)
+    if trace is None:
+        raise ConfigError("systems.availability=trace needs systems.trace, the path of a "
+                          f"{TRACE_HEADER} CSV of online intervals")
+    return TraceOnline(num_clients, trace)
