@@ -22,7 +22,10 @@ MODELS = ("auto", "logreg", "mlp", "lenet5", "vgg11")
 # The papers' model for each dataset: FedProx used logistic regression on Synthetic.
 AUTO_MODELS = {"synthetic": "logreg", "mnist": "mlp", "fashion_mnist": "mlp", "cifar10": "lenet5", "cifar100": "vgg11"}
 BACKENDS = ("local", "ray")
-ROUND_POLICIES = ("sync", "deadline", "overcommit")
+ROUND_POLICIES = ("sync", "deadline", "overcommit", "async_buffered")
+STALENESS_WEIGHTS = ("none", "sqrt")
+# Staleness weights scale uploads, which is only meaningful where an upload is a model update.
+STALENESS_WEIGHTED_ALGORITHMS = ("fedavg", "fedavgm", "fedprox", "fedproxm")
 AVAILABILITIES = ("always", "bernoulli", "markov", "trace")
 AGG_WEIGHTINGS = ("uniform", "num_samples")
 
@@ -74,6 +77,9 @@ class TrainConfig:
     round_policy: str = "sync"
     deadline_s: Optional[float] = None
     overcommit: float = 0.3
+    concurrency: Optional[int] = None
+    buffer_size: Optional[int] = None
+    staleness_weight: str = "none"
 
 
 @dataclass
@@ -89,6 +95,7 @@ class SystemsConfig:
     upload_bps: float = 1.0e6
     download_bps: float = 1.0e7
     bandwidth_spread: float = 0.0
+    idle_wait_s: float = 60.0
 
 
 @dataclass
@@ -163,6 +170,7 @@ def _validate_ranges(config: Config) -> None:
     _choice("engine.backend", config.engine.backend, BACKENDS)
     _choice("train.round_policy", config.train.round_policy, ROUND_POLICIES)
     _choice("systems.availability", config.systems.availability, AVAILABILITIES)
+    _choice("train.staleness_weight", config.train.staleness_weight, STALENESS_WEIGHTS)
     _choice("algorithm.agg_weighting", config.algorithm.agg_weighting, AGG_WEIGHTINGS)
     _choice("algorithm.name", config.algorithm.name, tuple(ALGORITHMS))
 
@@ -182,6 +190,7 @@ def _validate_ranges(config: Config) -> None:
         "systems.step_time_s": config.systems.step_time_s,
         "systems.upload_bps": config.systems.upload_bps,
         "systems.download_bps": config.systems.download_bps,
+        "systems.idle_wait_s": config.systems.idle_wait_s,
     }
     for key, value in positive.items():
         if not value > 0:
@@ -197,6 +206,7 @@ def _validate_ranges(config: Config) -> None:
     if deadline is not None and config.train.round_policy != "deadline":
         raise ConfigError(f"train.deadline_s is only used with train.round_policy=deadline, "
                           f"not {config.train.round_policy}")
+    _resolve_async(config)
     for key in ("synthetic_alpha", "synthetic_beta"):
         if getattr(config.data, key) < 0:
             raise ConfigError(f"data.{key}={getattr(config.data, key)} must be >= 0")
@@ -212,6 +222,29 @@ def _validate_ranges(config: Config) -> None:
         gpus = getattr(config.engine, key)
         if gpus < 0 or (gpus > 1 and gpus != int(gpus)):
             raise ConfigError(f"engine.{key}={gpus} must be >= 0, and a whole number when above 1")
+
+
+def _resolve_async(config: Config) -> None:
+    train = config.train
+    if train.round_policy != "async_buffered":
+        for key in ("concurrency", "buffer_size"):
+            if getattr(train, key) is not None:
+                raise ConfigError(f"train.{key} is only used with train.round_policy=async_buffered")
+        if train.staleness_weight != "none":
+            raise ConfigError("train.staleness_weight is only used with train.round_policy=async_buffered")
+        return
+    if train.buffer_size is None:
+        train.buffer_size = train.clients_per_round
+    if train.concurrency is None:
+        train.concurrency = train.buffer_size
+    if not 1 <= train.buffer_size <= train.concurrency <= config.data.num_clients:
+        raise ConfigError(f"train.round_policy=async_buffered needs 1 <= train.buffer_size ({train.buffer_size}) "
+                          f"<= train.concurrency ({train.concurrency}) <= data.num_clients "
+                          f"({config.data.num_clients})")
+    if train.staleness_weight != "none" and config.algorithm.name not in STALENESS_WEIGHTED_ALGORITHMS:
+        raise ConfigError(f"train.staleness_weight={train.staleness_weight} scales model updates; "
+                          f"{config.algorithm.name} uploads something else (use it with "
+                          f"{', '.join(STALENESS_WEIGHTED_ALGORITHMS)})")
 
 
 def _check_dataset_files(config: Config) -> None:

@@ -153,3 +153,73 @@ def test_stragglers_are_never_trained_and_upload_nothing(tmp_path, monkeypatch):
 def test_systems_configuration_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
+
+
+ASYNC = ["train.round_policy=async_buffered"]
+
+
+def test_fedbuff_with_buffer_and_concurrency_s_and_no_staleness_is_sync_fedavg(tmp_path):
+    sync = rayfed.run(load_config(None, BASE + ["algorithm.name=fedavg"]), run_dir=tmp_path / "s", progress=False)
+    fedbuff = rayfed.run(load_config(None, BASE + ASYNC + ["algorithm.name=fedavg", "train.buffer_size=5",
+                                                           "train.concurrency=5"]),
+                         run_dir=tmp_path / "b", progress=False)
+    assert torch.equal(sync.params, fedbuff.params)
+    assert [m["virtual_time_s"] for m in sync.history] == [m["virtual_time_s"] for m in fedbuff.history]
+    assert all(m["staleness_max"] == 0 for m in fedbuff.history)
+
+
+def test_fedbuff_updates_every_buffer_size_arrivals_from_stale_versions():
+    config, server = make_server(*ASYNC, "train.buffer_size=3", "train.concurrency=8")
+    arrival_times = {}
+    for round in range(6):
+        launched = server.sample(round)
+        assert len(set(launched) & set(arrival_times)) == 0                 # nobody is launched twice at once
+        durations = expected_durations(config, server, launched)
+        arrival_times.update({c: server.virtual_time_s + t for c, t in zip(launched, durations)})
+        in_flight_before = sorted(arrival_times.items(), key=lambda item: item[1])
+        metrics = server.step(round, *([fake_results(server, launched, lambda c, b: torch.zeros(b))]
+                                       if launched else []))
+        expected = in_flight_before[:3]
+        assert server.plan.sampled == launched and metrics["num_participants"] == 3
+        assert metrics["virtual_time_s"] == pytest.approx(expected[-1][1])
+        assert metrics["num_in_flight"] == 8 - 3
+        for client, _ in expected:
+            del arrival_times[client]
+    assert metrics["staleness_max"] > 0
+
+
+def test_staleness_weight_scales_stale_updates():
+    plain = make_server(*ASYNC, "train.buffer_size=2", "train.concurrency=6", "algorithm.name=fedavg")[1]
+    weighted = make_server(*ASYNC, "train.buffer_size=2", "train.concurrency=6", "algorithm.name=fedavg",
+                           "train.staleness_weight=sqrt")[1]
+    for round in range(4):
+        for server in (plain, weighted):
+            launched = server.sample(round)
+            metrics = server.step(round, *([fake_results(server, launched, lambda c, b: torch.zeros(b))]
+                                           if launched else []))
+        if metrics["staleness_max"] == 0:
+            assert torch.equal(plain.global_params(), weighted.global_params())
+    assert metrics["staleness_max"] > 0
+    assert not torch.equal(plain.global_params(), weighted.global_params())
+
+
+def test_nobody_online_makes_the_server_wait_instead_of_stalling():
+    config, server = make_server("systems.availability=markov", "systems.mean_online_s=10",
+                                 "systems.mean_offline_s=100000")
+    times = []
+    for round in range(3):
+        participants = server.sample(round)
+        server.step(round, *([fake_results(server, participants, lambda c, b: torch.zeros(b))]
+                             if participants else []))
+        times.append(server.virtual_time_s)
+    assert times[0] > 0 and times[0] < times[1] < times[2]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["train.concurrency=5"], "train.concurrency is only used with train.round_policy=async_buffered"),
+    (ASYNC + ["train.buffer_size=6", "train.concurrency=5"], "needs 1 <= train.buffer_size"),
+    (ASYNC + ["train.staleness_weight=sqrt", "algorithm.name=mifa"], "mifa uploads something else"),
+])
+def test_async_configuration_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, BASE + overrides)

@@ -15,6 +15,7 @@ POLICIES = {
     "sync": ["train.round_policy=sync"],
     "deadline 0.5 s": ["train.round_policy=deadline", "train.deadline_s=0.5"],
     "overcommit 30%": ["train.round_policy=overcommit", "train.overcommit=0.3"],
+    "async_buffered": ["train.round_policy=async_buffered", "train.buffer_size=50", "train.concurrency=100"],
 }
 ALGORITHMS = {
     "FedAvg": ["algorithm.name=fedavg"],

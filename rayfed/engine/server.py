@@ -8,13 +8,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rayfed.algorithms.base import RoundInfo
+from rayfed.algorithms.base import RoundInfo, Upload
 from rayfed.algorithms.registry import build_algorithm
 from rayfed.config import Config
 from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult
 from rayfed.engine.worker import as_tensor, device_for, threads_per_process
 from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, derive_seed, numpy_rng
+from rayfed.systems.async_buffer import AsyncBuffer
 from rayfed.systems.clients import ClientSystems
 from rayfed.systems.policy import RoundPlan, plan_round
 
@@ -40,23 +41,34 @@ class Server:
         self.upload_bytes = self.broadcast().nbytes
         self.plan = RoundPlan([], [], 0.0)
         self.num_online = 0
+        train = config.train
+        self.async_buffer = (AsyncBuffer(train.concurrency, train.buffer_size)
+                             if train.round_policy == "async_buffered" else None)
 
     def sample(self, round: int) -> list[int]:
-        """The clients to train this round. S of the clients online now (more with overcommit) are drawn
-        uniformly without replacement from the stream (seed, round); the round policy then keeps those
-        whose uploads will count by their virtual durations. The others are never trained."""
+        """The clients to train this round. Clients online now are drawn uniformly without replacement
+        from the stream (seed, round): S of them (more with overcommit; the free slots under
+        async_buffered, among clients not already in flight). The round policy keeps those whose
+        uploads will count by their virtual durations; the others are never trained."""
         train = self.config.train
         online = np.flatnonzero(self.client_systems.availability.online(round, self.virtual_time_s))
         wanted = train.clients_per_round
         if train.round_policy == "overcommit":
             wanted = math.ceil(wanted * (1 + train.overcommit))
+        elif self.async_buffer is not None:
+            online = online[~np.isin(online, list(self.async_buffer.in_flight))]
+            wanted = self.async_buffer.free_slots
+        self.num_online = len(online)
         rng = numpy_rng(self.config.seed, Purpose.SAMPLE_CLIENTS, round)
         sampled = online[rng.choice(len(online), size=min(wanted, len(online)), replace=False)]
         durations = self.client_systems.speeds.round_durations(sampled, train.local_steps, self.broadcast().nbytes,
                                                                self.upload_bytes)
-        self.plan = plan_round(train.round_policy, sampled, durations, clients_per_round=train.clients_per_round,
-                               deadline_s=train.deadline_s)
-        self.num_online = len(online)
+        if self.async_buffer is not None:
+            self.async_buffer.launch(sampled.tolist(), (self.virtual_time_s + durations).tolist(), version=round)
+            self.plan = RoundPlan(sampled.tolist(), sampled.tolist(), 0.0)
+        else:
+            self.plan = plan_round(train.round_policy, sampled, durations,
+                                   clients_per_round=train.clients_per_round, deadline_s=train.deadline_s)
         return self.plan.participants
 
     def broadcast(self) -> Broadcast:
@@ -69,27 +81,35 @@ class Server:
 
     def step(self, round: int, *worker_results: WorkerResult) -> dict:
         """Completes round `round` (0-based) from the workers' results; returns its metrics."""
-        results = sorted((r for packed in worker_results for r in packed.to(self.device).unpack()),
-                         key=lambda r: r.client_id)
+        trained = [r for packed in worker_results for r in packed.to(self.device).unpack()]
         down_bytes = self.broadcast().nbytes
+        if self.async_buffer is None:
+            counted, order, extra = trained, self.plan.participants, {"num_stragglers": len(self.plan.stragglers)}
+            finished_at = self.virtual_time_s + self.plan.round_time_s
+        else:
+            counted, order, extra, finished_at = self._buffered_arrivals(round, trained)
+        if not self.plan.sampled and not counted:
+            # Nobody could be sampled: the server waits before asking again, or the clock (and so
+            # who is online) would never move.
+            finished_at = self.virtual_time_s + self.config.systems.idle_wait_s
+        self.virtual_time_s = finished_at
+        counted.sort(key=lambda r: r.client_id)
         algorithm_metrics = {}
-        if results:     # a round where nobody made it leaves the model as it was
+        if counted:
             self.state, algorithm_metrics = self.algorithm.server_step(
-                self.state, {r.client_id: r.upload for r in results},
-                RoundInfo(round=round, sampled=tuple(self.plan.participants),
-                          num_clients=self.config.data.num_clients))
+                self.state, {r.client_id: r.upload for r in counted},
+                RoundInfo(round=round, sampled=tuple(order), num_clients=self.config.data.num_clients))
             if self.buffers.numel():
-                self.buffers = _weighted_buffers(results)
-            self.upload_bytes = max(r.nbytes for r in results)
-        self.virtual_time_s += self.plan.round_time_s
+                self.buffers = _weighted_buffers(counted)
+            self.upload_bytes = max(r.nbytes for r in counted)
         metrics = {
             "round": round + 1,
-            "train_loss": float(np.mean([r.upload.metrics["train_loss"] for r in results])) if results else math.nan,
+            "train_loss": float(np.mean([r.upload.metrics["train_loss"] for r in counted])) if counted else math.nan,
             "num_online": self.num_online,
             "num_sampled": len(self.plan.sampled),
-            "num_participants": len(results),
-            "num_stragglers": len(self.plan.stragglers),
-            "bytes_up": sum(r.nbytes for r in results),
+            "num_participants": len(counted),
+            **extra,
+            "bytes_up": sum(r.nbytes for r in counted),
             "bytes_down": down_bytes * len(self.plan.sampled),
             "virtual_time_s": self.virtual_time_s,
             **algorithm_metrics,
@@ -98,6 +118,29 @@ class Server:
         if (round + 1) % self.config.train.eval_every == 0 or round + 1 == rounds:
             metrics["test_loss"], metrics["test_accuracy"] = self.evaluate()
         return metrics
+
+    def _buffered_arrivals(self, round: int, trained: list[ClientResult]):
+        """async_buffered: park this round's launches, then take the next buffer_size arrivals,
+        weighted by staleness if asked (FedBuff's 1/sqrt(1 + staleness))."""
+        for result in trained:
+            self.async_buffer.attach(result.client_id, result)
+        arrivals = self.async_buffer.pop_arrivals()
+        staleness = [round - arrival.version for arrival in arrivals]
+        counted = []
+        for arrival, stale in zip(arrivals, staleness):
+            result = arrival.result
+            if self.config.train.staleness_weight == "sqrt" and stale:
+                weight = 1.0 / math.sqrt(1.0 + stale)
+                upload = result.upload
+                scaled = Upload({name: t * weight for name, t in upload.tensors.items()}, upload.num_samples,
+                                upload.metrics)
+                result = ClientResult(result.client_id, scaled, result.buffers)
+            counted.append(result)
+        extra = {"num_in_flight": len(self.async_buffer.in_flight),
+                 "staleness_mean": float(np.mean(staleness)) if staleness else math.nan,
+                 "staleness_max": max(staleness, default=0)}
+        finished_at = max([self.virtual_time_s, *(arrival.arrival_s for arrival in arrivals)])
+        return counted, [arrival.client_id for arrival in arrivals], extra, finished_at
 
     def evaluate(self) -> tuple[float, float]:
         self.model.params.copy_(self.global_params())
