@@ -1,6 +1,8 @@
-"""`rayfed.run(config) -> Result`: one federated training run, end to end."""
+"""`rayfed.run(config) -> Result`: one federated training run, end to end; `rayfed.resume(run_dir)`."""
 from __future__ import annotations
 
+import json
+import os
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -8,7 +10,8 @@ from pathlib import Path
 
 from torch import Tensor
 
-from rayfed.config import Config, resolve
+from rayfed.checkpoint import load_checkpoint, restore_checkpoint, save_checkpoint
+from rayfed.config import Config, load_config, resolve
 from rayfed.data import class_histogram, load_dataset, make_partition, write_histogram_csv
 from rayfed.engine import make_engine, run_rounds
 from rayfed.errors import ConfigError
@@ -35,6 +38,34 @@ def run(config: Config, run_dir: str | Path | None = None, progress: bool = True
         if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
             raise ConfigError(f"output directory {run_dir} exists and is not empty; "
                               f"choose a new --out or remove it")
+    return _execute(config, run_dir, progress, started)
+
+
+def resume(run_dir: str | Path, progress: bool = True) -> Result:
+    """Continues the run in `run_dir` from its last checkpoint, with its own config.yaml; the final
+    model is bitwise the one an uninterrupted run would have produced."""
+    started = time.perf_counter()
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
+    config = load_config(run_dir / "config.yaml")
+    checkpoint = load_checkpoint(run_dir)
+    completed = checkpoint["rounds_completed"]
+    if completed >= config.train.rounds:
+        raise ConfigError(f"{run_dir} already completed its {config.train.rounds} rounds")
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()[:completed]
+    if len(lines) < completed:
+        raise ConfigError(f"{run_dir}/metrics.jsonl has {len(lines)} rounds but the checkpoint {completed}")
+    history = [json.loads(line) for line in lines]
+    # Rounds after the checkpoint are run again, so their lines go.
+    temporary = run_dir / "metrics.jsonl.tmp"
+    temporary.write_text("".join(line + "\n" for line in lines))
+    os.replace(temporary, run_dir / "metrics.jsonl")
+    return _execute(config, run_dir, progress, started, checkpoint=checkpoint, history=history)
+
+
+def _execute(config: Config, run_dir: Path | None, progress: bool, started: float,
+             checkpoint: dict | None = None, history: list[dict] | None = None) -> Result:
     client_systems = make_client_systems(config)
     data = config.data
     dataset = load_dataset(data.dataset, root=data.root, download=data.download, seed=config.seed,
@@ -44,13 +75,17 @@ def run(config: Config, run_dir: str | Path | None = None, progress: bool = True
                                config.seed, alpha=data.alpha, shards_per_client=data.shards_per_client,
                                natural=dataset.natural_partition)
     engine = make_engine(config, dataset, partition, client_systems)
+    history = list(history or [])
     try:
-        run_dir = _create_run_dir(run_dir, config)
-        (run_dir / "config.yaml").write_text(config.to_yaml())
-        write_histogram_csv(run_dir / "partition.csv",
-                            class_histogram(partition, dataset.train_y, dataset.num_classes))
+        if checkpoint is None:
+            run_dir = _create_run_dir(run_dir, config)
+            (run_dir / "config.yaml").write_text(config.to_yaml())
+            write_histogram_csv(run_dir / "partition.csv",
+                                class_histogram(partition, dataset.train_y, dataset.num_classes))
+        else:
+            restore_checkpoint(engine, checkpoint)
         startup_s = time.perf_counter() - started
-        history = _train(engine, config, run_dir, progress)
+        history += _train(engine, config, run_dir, progress, first_round=len(history))
         params = engine.get(engine.server.global_params())
         buffers = engine.get(engine.server.broadcast()).buffers
         server_state_bytes = engine.get(engine.server.state_bytes())
@@ -73,15 +108,18 @@ def run(config: Config, run_dir: str | Path | None = None, progress: bool = True
     return Result(history, summary, run_dir, params, buffers)
 
 
-def _train(engine, config: Config, run_dir: Path, progress: bool) -> list[dict]:
+def _train(engine, config: Config, run_dir: Path, progress: bool, first_round: int) -> list[dict]:
     log = MetricsLog(run_dir / "metrics.jsonl")
-    bar = ProgressBar(config.train.rounds, progress)
+    bar = ProgressBar(config.train.rounds, progress, initial=first_round)
+    every = config.train.checkpoint_every
     history = []
     try:
-        for metrics in run_rounds(engine, range(config.train.rounds)):
+        for metrics in run_rounds(engine, range(first_round, config.train.rounds)):
             history.append(metrics)
             log.append(metrics)
             bar.update(metrics)
+            if every and metrics["round"] % every == 0 and metrics["round"] < config.train.rounds:
+                save_checkpoint(engine, run_dir, metrics["round"])
     finally:
         bar.close()
         log.close()

@@ -17,8 +17,14 @@ def main(argv: list[str] | None = None) -> int:
                          help="a YAML config file and/or dotted overrides such as train.rounds=10")
     run_parser.add_argument("--out", metavar="DIR", help="the run directory (must not exist or be empty)")
     run_parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    run_parser.add_argument("--resume", metavar="RUN_DIR",
+                            help="continue RUN_DIR from its last checkpoint, with its own config")
     args = parser.parse_args(argv)
     try:
+        if args.command == "run" and args.resume:
+            if args.items or args.out:
+                raise ConfigError("--resume takes the run directory alone: its config.yaml holds the config")
+            return _report(_resume(args.resume, not args.quiet))
         config = _load(args.items)
         if args.command == "config":
             print(config.to_yaml(), end="")
@@ -44,8 +50,16 @@ def _load(items: list[str]):
 
 def _run(config, out: str | None, progress: bool) -> int:
     from rayfed.api import run
+    return _report(run(config, run_dir=out, progress=progress))
+
+
+def _resume(run_dir: str, progress: bool):
+    from rayfed.api import resume
+    return resume(run_dir, progress=progress)
+
+
+def _report(result) -> int:
     from rayfed.metrics import human_bytes
-    result = run(config, run_dir=out, progress=progress)
     s = result.summary
     print(f"rayfed: {s['algorithm']} on {s['dataset']} ({s['num_clients']} clients): "
           f"{s['rounds_completed']} rounds in {s['wall_time_s']:.1f} s (startup {s['startup_time_s']:.1f} s)")

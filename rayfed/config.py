@@ -80,6 +80,7 @@ class TrainConfig:
     concurrency: Optional[int] = None
     buffer_size: Optional[int] = None
     staleness_weight: str = "none"
+    checkpoint_every: int = 0
 
 
 @dataclass
@@ -198,6 +199,8 @@ def _validate_ranges(config: Config) -> None:
     for key in ("step_time_spread", "bandwidth_spread"):
         if getattr(config.systems, key) < 0:
             raise ConfigError(f"systems.{key}={getattr(config.systems, key)} must be >= 0")
+    if config.train.checkpoint_every < 0:
+        raise ConfigError(f"train.checkpoint_every={config.train.checkpoint_every} must be >= 0 (0: never)")
     if config.train.overcommit < 0:
         raise ConfigError(f"train.overcommit={config.train.overcommit} must be >= 0")
     deadline = config.train.deadline_s

@@ -52,8 +52,8 @@ def summarize(history: list[dict]) -> dict:
 class ProgressBar:
     """Round, latest test accuracy and seconds per round, on stderr."""
 
-    def __init__(self, total_rounds: int, enabled: bool):
-        self.bar = tqdm(total=total_rounds, file=sys.stderr, disable=not enabled, unit="round",
+    def __init__(self, total_rounds: int, enabled: bool, initial: int = 0):
+        self.bar = tqdm(total=total_rounds, initial=initial, file=sys.stderr, disable=not enabled, unit="round",
                         dynamic_ncols=True, leave=True)
         self.last_wall = 0.0
 

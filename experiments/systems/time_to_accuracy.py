@@ -39,7 +39,7 @@ def main() -> None:
             run_dir = Path(args.out) / f"{algorithm}-{policy.split()[0]}-seed{args.seed}"
             history = rayfed.run(config, run_dir=run_dir, progress=False).history
             reached = next((m for m in history if m.get("test_accuracy", 0) >= args.target), None)
-            stragglers = sum(m["num_stragglers"] for m in history) / sum(m["num_sampled"] for m in history)
+            stragglers = sum(m.get("num_stragglers", 0) for m in history) / sum(m["num_sampled"] for m in history)
             time_to_target = f"{reached['virtual_time_s']:.1f}" if reached else "—"
             print(f"| {algorithm} | {policy} | {time_to_target} | {reached['round'] if reached else '—'} | "
                   f"{history[-1]['test_accuracy']:.4f} | {stragglers:.0%} | {history[-1]['virtual_time_s']:.1f} |")

@@ -142,6 +142,18 @@ class Server:
         finished_at = max([self.virtual_time_s, *(arrival.arrival_s for arrival in arrivals)])
         return counted, [arrival.client_id for arrival in arrivals], extra, finished_at
 
+    def snapshot(self) -> dict:
+        """The server's part of a checkpoint (see rayfed/checkpoint.py)."""
+        return {"state": self.state, "buffers": self.buffers, "virtual_time_s": self.virtual_time_s,
+                "upload_bytes": self.upload_bytes, "async_buffer": self.async_buffer}
+
+    def restore(self, snapshot: dict) -> None:
+        self.state = snapshot["state"]
+        self.buffers = snapshot["buffers"]
+        self.virtual_time_s = snapshot["virtual_time_s"]
+        self.upload_bytes = snapshot["upload_bytes"]
+        self.async_buffer = snapshot["async_buffer"]
+
     def evaluate(self) -> tuple[float, float]:
         self.model.params.copy_(self.global_params())
         self.model.buffers.copy_(self.buffers)

@@ -117,6 +117,12 @@ class ClientWorker:
         upload.tensors = {name: t.cpu() for name, t in upload.tensors.items()}
         return ClientResult(client_id, upload, self.model.buffers.cpu().clone())
 
+    def snapshot_client_states(self) -> dict[int, Any]:
+        return dict(self.client_states)
+
+    def restore_client_states(self, states: dict[int, Any]) -> None:
+        self.client_states = dict(states)
+
     def client_state_bytes(self) -> int:
         return sum(self.algorithm.state_bytes(state) for state in self.client_states.values())
 
