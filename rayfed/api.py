@@ -10,7 +10,7 @@ from pathlib import Path
 
 from torch import Tensor
 
-from rayfed.checkpoint import load_checkpoint, restore_checkpoint, save_checkpoint
+from rayfed.checkpoint import load_checkpoint, recover_workers, restore_checkpoint, save_checkpoint
 from rayfed.config import Config, load_config, resolve
 from rayfed.data import class_histogram, load_dataset, make_partition, write_histogram_csv
 from rayfed.engine import make_engine, run_rounds
@@ -115,6 +115,9 @@ def _train(engine, config: Config, run_dir: Path, progress: bool, first_round: i
     history = []
     try:
         for metrics in run_rounds(engine, range(first_round, config.train.rounds)):
+            died = [int(worker) for worker, why in metrics.get("failed_workers", {}).items() if why == "died"]
+            if died:
+                metrics["client_states_after_restart"] = recover_workers(engine, run_dir, died)
             history.append(metrics)
             log.append(metrics)
             bar.update(metrics)

@@ -46,3 +46,20 @@ def restore_checkpoint(engine: Engine, payload: dict) -> None:
     engine.get([worker.restore_client_states({client_id: state for client_id, state in payload["client_states"].items()
                                               if client_owner(client_id, num_workers) == index})
                 for index, worker in enumerate(engine.workers)])
+
+
+def recover_workers(engine: Engine, run_dir: Path, workers: list[int]) -> str:
+    """Restarted workers come back with no client state: once they answer again, give them their
+    clients' states from the last checkpoint, if the run has one. Returns what happened, for
+    metrics.jsonl."""
+    alive = engine.revive(workers)
+    gone = sorted(set(workers) - set(alive))
+    outcome = f"workers {gone} did not come back; " if gone else ""
+    if not (run_dir / CHECKPOINT).is_file():
+        return outcome + "reset: no checkpoint"
+    payload = load_checkpoint(run_dir)
+    num_workers = len(engine.workers)
+    engine.get([engine.workers[worker].restore_client_states(
+        {client_id: state for client_id, state in payload["client_states"].items()
+         if client_owner(client_id, num_workers) == worker}) for worker in alive])
+    return outcome + f"restored from the checkpoint of round {payload['rounds_completed']}"

@@ -107,6 +107,9 @@ class EngineConfig:
     worker_gpus: float = 0.0
     server_gpus: float = 0.0
     address: Optional[str] = None
+    round_timeout_s: Optional[float] = None
+    worker_max_restarts: int = 3
+    fault_injection: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -210,6 +213,7 @@ def _validate_ranges(config: Config) -> None:
         raise ConfigError(f"train.deadline_s is only used with train.round_policy=deadline, "
                           f"not {config.train.round_policy}")
     _resolve_async(config)
+    _validate_faults(config)
     for key in ("synthetic_alpha", "synthetic_beta"):
         if getattr(config.data, key) < 0:
             raise ConfigError(f"data.{key}={getattr(config.data, key)} must be >= 0")
@@ -225,6 +229,34 @@ def _validate_ranges(config: Config) -> None:
         gpus = getattr(config.engine, key)
         if gpus < 0 or (gpus > 1 and gpus != int(gpus)):
             raise ConfigError(f"engine.{key}={gpus} must be >= 0, and a whole number when above 1")
+
+
+def _validate_faults(config: Config) -> None:
+    engine = config.engine
+    if engine.round_timeout_s is not None and not engine.round_timeout_s > 0:
+        raise ConfigError(f"engine.round_timeout_s={engine.round_timeout_s} must be > 0 (wall-clock seconds)")
+    if engine.worker_max_restarts < 0:
+        raise ConfigError(f"engine.worker_max_restarts={engine.worker_max_restarts} must be >= 0")
+    if (engine.round_timeout_s is not None or engine.fault_injection) and engine.backend != "ray":
+        raise ConfigError("engine.round_timeout_s and engine.fault_injection need engine.backend=ray")
+    for entry in engine.fault_injection:
+        parse_fault(entry, engine.num_workers)
+
+
+def parse_fault(entry: str, num_workers: int) -> tuple[str, int, int, float]:
+    """'kill:WORKER:ROUND' or 'delay:WORKER:ROUND:SECONDS' (ROUND 1-based, as in metrics.jsonl)."""
+    parts = entry.split(":")
+    try:
+        kind, worker, round_number = parts[0], int(parts[1]), int(parts[2])
+        seconds = float(parts[3]) if kind == "delay" else 0.0
+        well_formed = (kind == "kill" and len(parts) == 3) or (kind == "delay" and len(parts) == 4 and seconds > 0)
+    except (IndexError, ValueError):
+        well_formed = False
+    if not well_formed or not 0 <= worker < num_workers or round_number < 1:
+        raise ConfigError(f"engine.fault_injection entry {entry!r} must be kill:WORKER:ROUND or "
+                          f"delay:WORKER:ROUND:SECONDS, with 0 <= WORKER < engine.num_workers={num_workers} "
+                          f"and ROUND >= 1")
+    return kind, worker, round_number, seconds
 
 
 def _resolve_async(config: Config) -> None:

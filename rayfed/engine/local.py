@@ -22,5 +22,12 @@ class LocalEngine:
     def get(self, value):
         return value
 
+    def settle(self, calls: dict):
+        """In one process every worker delivers, on time."""
+        return calls, {}
+
+    def revive(self, workers: list[int]) -> list[int]:
+        return workers
+
     def shutdown(self) -> None:
         torch.set_num_threads(self.saved_threads)

@@ -18,6 +18,10 @@ class Engine(Protocol):
 
     def get(self, handle_result: Any) -> Any: ...
 
+    def settle(self, calls: dict[int, Any]) -> tuple[dict[int, Any], dict[int, str]]: ...
+
+    def revive(self, workers: list[int]) -> list[int]: ...
+
     def shutdown(self) -> None: ...
 
 
@@ -30,8 +34,15 @@ def run_rounds(engine: Engine, rounds: range) -> Iterator[dict]:
         per_worker: dict[int, list[int]] = {}
         for client_id in sampled:
             per_worker.setdefault(client_owner(client_id, len(engine.workers)), []).append(client_id)
-        results = [engine.workers[w].train(round, down, ids) for w, ids in sorted(per_worker.items())]
-        metrics = engine.get(engine.server.step(round, *results))
+        calls = {w: engine.workers[w].train(round, down, ids) for w, ids in sorted(per_worker.items())}
+        delivered, failed = engine.settle(calls)
+        for worker in calls:
+            # Actor calls run in submission order, so this lands before the worker's next round.
+            (engine.workers[worker].commit if worker in delivered else engine.workers[worker].discard)()
+        lost = [client for worker in failed for client in per_worker[worker]]
+        metrics = engine.get(engine.server.step(round, *delivered.values(), lost=lost))
+        if failed:
+            metrics["failed_workers"] = {str(worker): why for worker, why in sorted(failed.items())}
         metrics["wall_time_s"] = time.perf_counter() - started
         yield metrics
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any, Callable
 
 import ray
@@ -28,7 +29,23 @@ class RemoteHandle:
 
     def __getattr__(self, name: str) -> Callable:
         method = getattr(self.actor, name)
-        return lambda *args: method.remote(*args)
+        return lambda *args, **kwargs: method.remote(*args, **kwargs)
+
+
+class RayClientWorker(ClientWorker):
+    def train_with_status(self, round: int, down, client_ids: list[int]):
+        """A tiny status beside the result, so the driver can tell a late or dead worker without
+        fetching its uploads (which go to the server actor directly)."""
+        return True, self.train(round, down, client_ids)
+
+
+class WorkerHandle(RemoteHandle):
+    def train(self, round: int, down, client_ids: list[int]):
+        return self.actor.train_with_status.options(num_returns=2).remote(round, down, client_ids)
+
+
+# A worker whose process is gone, or that Ray cannot reach while restarting it.
+ACTOR_LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
 
 
 class RayEngine:
@@ -46,16 +63,19 @@ class RayEngine:
     def _start_actors(self, config: Config, dataset: Dataset, partition: Partition,
                       client_systems: ClientSystems) -> None:
         engine = config.engine
-        train_ref = ray.put((dataset.train_x, dataset.train_y))
-        partition_ref = ray.put(partition)
+        # Held for the engine's lifetime: a restarted worker is rebuilt from these same objects.
+        self.train_ref = train_ref = ray.put((dataset.train_x, dataset.train_y))
+        self.partition_ref = partition_ref = ray.put(partition)
         # The server works while the workers wait for the next round, so it reserves no CPU:
         # otherwise P one-CPU workers could not all be placed on a P-core machine.
         server_actor = ray.remote(Server).options(num_cpus=0, num_gpus=engine.server_gpus, max_restarts=0)
-        worker_actor = ray.remote(ClientWorker).options(num_cpus=engine.worker_cpus, num_gpus=engine.worker_gpus)
+        worker_actor = ray.remote(RayClientWorker).options(num_cpus=engine.worker_cpus, num_gpus=engine.worker_gpus,
+                                                           max_restarts=engine.worker_max_restarts)
         self.server = RemoteHandle(server_actor.remote(config, (dataset.test_x, dataset.test_y),
                                                        dataset.input_shape, dataset.num_classes, client_systems))
+        self.round_timeout_s = engine.round_timeout_s
         self.workers = [
-            RemoteHandle(worker_actor.remote(config, train_ref, partition_ref, dataset.input_shape,
+            WorkerHandle(worker_actor.remote(config, train_ref, partition_ref, dataset.input_shape,
                                              dataset.num_classes, index, engine.num_workers))
             for index in range(engine.num_workers)
         ]
@@ -65,6 +85,39 @@ class RayEngine:
 
     def get(self, ref):
         return ray.get(ref)
+
+    def settle(self, calls: dict[int, tuple]) -> tuple[dict[int, Any], dict[int, str]]:
+        """Waits up to engine.round_timeout_s for the workers' statuses; returns the delivered results
+        by worker, and the workers that were late or died this round."""
+        worker_of = {status: worker for worker, (status, _) in calls.items()}
+        ready, _ = ray.wait(list(worker_of), num_returns=len(worker_of), timeout=self.round_timeout_s)
+        delivered, failed = {}, {worker: "late" for worker in calls}
+        for status in ready:
+            worker = worker_of[status]
+            try:
+                ray.get(status)
+            except ACTOR_LOST:
+                failed[worker] = "died"
+                continue
+            delivered[worker] = calls[worker][1]
+            del failed[worker]
+        return delivered, failed
+
+    def revive(self, workers: list[int], timeout_s: float = 120.0) -> list[int]:
+        """Waits for restarted workers to answer again (calls made while Ray restarts an actor fail);
+        returns those that did: a worker out of restarts stays gone, and its clients with it."""
+        deadline = time.monotonic() + timeout_s
+        alive = []
+        for worker in workers:
+            while time.monotonic() < deadline:
+                try:
+                    ray.get(self.workers[worker].actor.__ray_ready__.remote())
+                except ACTOR_LOST:
+                    time.sleep(0.5)
+                    continue
+                alive.append(worker)
+                break
+        return alive
 
     def shutdown(self) -> None:
         for handle in (self.server, *self.workers):

@@ -79,9 +79,12 @@ class Server:
     def global_params(self) -> Tensor:
         return self.algorithm.global_params(self.state)
 
-    def step(self, round: int, *worker_results: WorkerResult) -> dict:
-        """Completes round `round` (0-based) from the workers' results; returns its metrics."""
+    def step(self, round: int, *worker_results: WorkerResult, lost: list[int] = ()) -> dict:
+        """Completes round `round` (0-based) from the workers' results; returns its metrics. `lost`:
+        clients trained this round whose results never came (their worker was late or died)."""
         trained = [r for packed in worker_results for r in packed.to(self.device).unpack()]
+        if self.async_buffer is not None:
+            self.async_buffer.forget(lost)
         down_bytes = self.broadcast().nbytes
         if self.async_buffer is None:
             counted, order, extra = trained, self.plan.participants, {"num_stragglers": len(self.plan.stragglers)}
@@ -108,6 +111,7 @@ class Server:
             "num_online": self.num_online,
             "num_sampled": len(self.plan.sampled),
             "num_participants": len(counted),
+            "num_lost": len(lost),
             **extra,
             "bytes_up": sum(r.nbytes for r in counted),
             "bytes_down": down_bytes * len(self.plan.sampled),

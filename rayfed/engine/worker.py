@@ -1,6 +1,8 @@
 """ClientWorker: hosts a fixed shard of clients and trains the sampled ones with one resident model."""
 from __future__ import annotations
 
+import os
+import time
 import warnings
 from typing import Any
 
@@ -10,7 +12,7 @@ from torch import Tensor
 
 from rayfed.algorithms.base import Batch
 from rayfed.algorithms.registry import build_algorithm
-from rayfed.config import Config
+from rayfed.config import Config, parse_fault
 from rayfed.data.partition import Partition
 from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult
 from rayfed.models import FlatModel, build_model
@@ -92,8 +94,15 @@ class ClientWorker:
         self.algorithm = build_algorithm(config.algorithm, config.train.local_steps, self.model.blocks)
         # Created on a client's first participation, so clients that never train cost nothing.
         self.client_states: dict[int, Any] = {}
+        # States from the last train() call, kept until the driver knows whether its uploads counted:
+        # a client whose upload was lost (late, or its worker died) must not move on without the server.
+        self.pending_states: dict[int, Any] = {}
+        self.faults = {(round_number - 1): (kind, seconds) for kind, worker, round_number, seconds
+                       in (parse_fault(entry, num_workers) for entry in config.engine.fault_injection)
+                       if worker == worker_index}
 
     def train(self, round: int, down: Broadcast, client_ids: list[int]) -> WorkerResult:
+        self._inject_fault(round)
         tensors = {name: t.to(self.device) for name, t in down.tensors.items()}
         buffers = down.buffers.to(self.device)
         return WorkerResult.pack([self._train_client(round, client_id, tensors, buffers) for client_id in client_ids])
@@ -113,9 +122,24 @@ class ClientWorker:
             state = self.algorithm.client_init(client_id)
         upload, state = self.algorithm.client_train(task, tensors, state)
         if state is not None:
-            self.client_states[client_id] = state
+            self.pending_states[client_id] = state
         upload.tensors = {name: t.cpu() for name, t in upload.tensors.items()}
         return ClientResult(client_id, upload, self.model.buffers.cpu().clone())
+
+    def commit(self) -> None:
+        """The last round's uploads counted: its clients' new states become theirs."""
+        self.client_states.update(self.pending_states)
+        self.pending_states = {}
+
+    def discard(self) -> None:
+        self.pending_states = {}
+
+    def _inject_fault(self, round: int) -> None:
+        kind, seconds = self.faults.get(round, (None, 0.0))
+        if kind == "kill":
+            os._exit(1)         # what an OOM kill looks like from outside: the process is simply gone
+        if kind == "delay":
+            time.sleep(seconds)
 
     def snapshot_client_states(self) -> dict[int, Any]:
         return dict(self.client_states)

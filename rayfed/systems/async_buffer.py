@@ -41,6 +41,11 @@ class AsyncBuffer:
     def attach(self, client_id: int, result: Any) -> None:
         self.in_flight[client_id].result = result
 
+    def forget(self, client_ids: list[int]) -> None:
+        """Launched clients whose results will never come (their worker was late or died)."""
+        for client_id in client_ids:
+            self.in_flight.pop(client_id, None)
+
     def pop_arrivals(self) -> list[InFlight]:
         """The next `buffer_size` arrivals (all in flight if fewer), earliest first."""
         arrivals = heapq.nsmallest(self.buffer_size, self.in_flight.values())
