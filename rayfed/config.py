@@ -96,6 +96,7 @@ class SystemsConfig:
     upload_bps: float = 1.0e6
     download_bps: float = 1.0e7
     bandwidth_spread: float = 0.0
+    speed_trace: Optional[str] = None
     idle_wait_s: float = 60.0
 
 

@@ -117,3 +117,17 @@ def test_gpu_request_on_a_gpu_less_machine_fails_cleanly(in_tmp):
     assert completed.stderr == ("rayfed: error: engine.num_workers=2 x engine.worker_gpus + engine.server_gpus "
                                 "needs 1 GPUs but the Ray cluster has 0\n")
     assert not (in_tmp / "out").exists()
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("client_id,start,end\n0,5,1\n", ["systems.trace=", "bad.csv line 2:", "must be greater than start"]),
+    ("id,from,to\n", ["bad.csv line 1: the header is"]),
+])
+def test_malformed_availability_trace_stops_before_any_work(in_tmp, capsys, body, expected):
+    (in_tmp / "bad.csv").write_text(body)
+    fails_cleanly(capsys, ["run", "systems.availability=trace", "systems.trace=bad.csv", "engine.backend=local",
+                           "--out", "out"], *expected)
+
+
+def test_trace_availability_needs_a_trace(in_tmp, capsys):
+    fails_cleanly(capsys, ["run", "systems.availability=trace", "engine.backend=local"], "systems.trace")

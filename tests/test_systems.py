@@ -223,3 +223,33 @@ def test_nobody_online_makes_the_server_wait_instead_of_stalling():
 def test_async_configuration_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, BASE + overrides)
+
+
+def test_a_speed_trace_overrides_the_listed_clients(tmp_path):
+    trace = tmp_path / "speeds.csv"
+    trace.write_text("client_id,step_time_s,upload_bps,download_bps\n3,2.5,1000,2000\n\n7,0.1,5e6,1e7\n")
+    base = make_speeds(10, 0, step_time_s=0.2, step_time_spread=0.5, upload_bps=1e6, download_bps=1e7,
+                       bandwidth_spread=0.3)
+    traced = make_speeds(10, 0, step_time_s=0.2, step_time_spread=0.5, upload_bps=1e6, download_bps=1e7,
+                         bandwidth_spread=0.3, speed_trace=str(trace))
+    assert (traced.step_time_s[3], traced.upload_bps[3], traced.download_bps[3]) == (2.5, 1000.0, 2000.0)
+    assert (traced.step_time_s[7], traced.upload_bps[7]) == (0.1, 5e6)
+    others = [0, 1, 2, 4, 5, 6, 8, 9]
+    assert np.array_equal(traced.step_time_s[others], base.step_time_s[others])
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ("client_id,step_time,upload_bps,download_bps\n1,1,1,1\n", "line 1: the header is"),
+    ("client_id,step_time_s,upload_bps,download_bps\n1,1,1\n", "line 2: 3 fields, expected 4"),
+    ("client_id,step_time_s,upload_bps,download_bps\n1,0,1,1\n", "line 2: step_time_s, upload_bps and download_bps"),
+    ("client_id,step_time_s,upload_bps,download_bps\n10,1,1,1\n", "line 2: client_id 10 exceeds data.num_clients=10"),
+    ("client_id,step_time_s,upload_bps,download_bps\n1,1,1,1\n1,2,2,2\n", "line 3: client_id 1 is listed twice"),
+    ("client_id,step_time_s,upload_bps,download_bps\n1,fast,1,1\n", "line 2: step_time_s 'fast' is not a number"),
+])
+def test_malformed_speed_traces_name_the_file_and_line(tmp_path, body, fragment):
+    trace = tmp_path / "speeds.csv"
+    trace.write_text(body)
+    with pytest.raises(ConfigError, match="systems.speed_trace=") as error:
+        make_speeds(10, 0, step_time_s=0.2, step_time_spread=0.0, upload_bps=1e6, download_bps=1e7,
+                    bandwidth_spread=0.0, speed_trace=str(trace))
+    assert str(trace) in str(error.value) and fragment in str(error.value)

@@ -13,6 +13,7 @@ import numpy as np
 
 from rayfed.errors import ConfigError
 from rayfed.systems.counter_random import uniform
+from rayfed.systems.csv_rows import parse_client_id, parse_number, read_rows
 
 AVAILABILITIES = ("always", "bernoulli", "markov", "trace")
 TRACE_HEADER = "client_id,start,end"
@@ -124,66 +125,19 @@ class TraceOnline:
 
 def read_trace(path: str | pathlib.Path, num_clients: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(client ids, starts, ends) of every interval in the file; ConfigError naming the line of the first bad one."""
-    path = pathlib.Path(path)
-    try:
-        # utf-8-sig: spreadsheet exports often begin with a byte-order mark.
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
-    except FileNotFoundError:
-        raise ConfigError(f"systems.trace={path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"systems.trace={path} cannot be read as a text file ({error})") from None
-    where = f"systems.trace={path}"
-    if not lines:
-        raise ConfigError(f"{where} line 1: the file is empty; it must begin with the header {TRACE_HEADER}")
-    if lines[0].strip() != TRACE_HEADER:
-        raise ConfigError(f"{where} line 1: the header is {lines[0]!r}; it must be exactly {TRACE_HEADER}")
-
     clients, starts, ends = [], [], []
-    for line_number, line in enumerate(lines[1:], start=2):
-        # Blank lines (left at the end by editors, or between traces joined with cat) hold no interval.
-        if not line.strip():
-            continue
-        fields = line.split(",")
-        if len(fields) != 3:
-            raise ConfigError(f"{where} line {line_number}: {len(fields)} fields, expected 3 ({TRACE_HEADER})")
-        client_id = _trace_client_id(fields[0], num_clients, f"{where} line {line_number}")
-        start = _trace_seconds(fields[1], "start", f"{where} line {line_number}")
-        end = _trace_seconds(fields[2], "end", f"{where} line {line_number}")
+    for where, fields in read_rows(path, "systems.trace", TRACE_HEADER, "intervals"):
+        client_id = parse_client_id(fields[0], num_clients, where)
+        start = parse_number(fields[1], "start", "seconds", where)
+        end = parse_number(fields[2], "end", "seconds", where)
         if start < 0:
-            raise ConfigError(f"{where} line {line_number}: start={start} is negative; virtual time begins at 0")
+            raise ConfigError(f"{where}: start={start} is negative; virtual time begins at 0")
         if not end > start:
-            raise ConfigError(f"{where} line {line_number}: end={end} must be greater than start={start} "
-                              "(intervals are [start, end))")
+            raise ConfigError(f"{where}: end={end} must be greater than start={start} (intervals are [start, end))")
         clients.append(client_id)
         starts.append(start)
         ends.append(end)
-    if not clients:
-        raise ConfigError(f"{where} line 2: no intervals after the header; "
-                          "list at least one client_id,start,end line")
     return np.array(clients, dtype=np.int64), np.array(starts), np.array(ends)
-
-
-def _trace_client_id(text: str, num_clients: int, where: str) -> int:
-    try:
-        client_id = int(text)
-    except ValueError:
-        raise ConfigError(f"{where}: client_id {text.strip()!r} is not a whole number") from None
-    if client_id < 0:
-        raise ConfigError(f"{where}: client_id {client_id} is negative; ids run from 0 to {num_clients - 1}")
-    if client_id >= num_clients:
-        raise ConfigError(f"{where}: client_id {client_id} exceeds data.num_clients={num_clients}; "
-                          f"ids run from 0 to {num_clients - 1}")
-    return client_id
-
-
-def _trace_seconds(text: str, column: str, where: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise ConfigError(f"{where}: {column} {text.strip()!r} is not a number of seconds") from None
-    if not math.isfinite(seconds):
-        raise ConfigError(f"{where}: {column} {text.strip()!r} is not a finite number of seconds")
-    return seconds
 
 
 def make_availability(kind: str, num_clients: int, seed: int, *, probability: float = 0.8,

@@ -23,5 +23,6 @@ def make_client_systems(config) -> ClientSystems:
                                      trace=systems.trace)
     speeds = make_speeds(num_clients, config.seed, step_time_s=systems.step_time_s,
                          step_time_spread=systems.step_time_spread, upload_bps=systems.upload_bps,
-                         download_bps=systems.download_bps, bandwidth_spread=systems.bandwidth_spread)
+                         download_bps=systems.download_bps, bandwidth_spread=systems.bandwidth_spread,
+                         speed_trace=systems.speed_trace)
     return ClientSystems(availability, speeds)
