@@ -7,8 +7,6 @@ import torch
 
 import rayfed
 from rayfed.config import load_config
-from rayfed.data import load_dataset
-from rayfed.engine.server import Server
 from rayfed.engine.worker import ClientWorker
 from rayfed.models import FlatModel, build_model
 from rayfed.errors import ConfigError
@@ -16,6 +14,7 @@ from rayfed.systems.clients import make_client_systems
 from rayfed.systems.policy import plan_round
 from rayfed.systems.speeds import make_speeds
 from tests.test_server import fake_results
+from tests.test_server import make_server as make_test_server
 
 BASE = ["engine.backend=local", "data.num_clients=20", "train.clients_per_round=5", "train.rounds=6",
         "train.eval_every=3", "model.name=mlp", "model.hidden_sizes=[4]", "systems.step_time_spread=1.0"]
@@ -49,10 +48,8 @@ def test_speeds_are_log_normal_around_their_medians_and_fixed_per_seed():
 
 
 def make_server(*extra):
-    config = load_config(None, BASE + list(extra))
-    dataset = load_dataset("synthetic", num_clients=20)
-    return config, Server(config, (dataset.test_x, dataset.test_y), dataset.input_shape, dataset.num_classes,
-                          make_client_systems(config))
+    """test_server's Server, with log-normal step times so that clients differ in speed."""
+    return make_test_server("systems.step_time_spread=1.0", *extra)
 
 
 def expected_durations(config, server, clients):
