@@ -32,11 +32,41 @@ class RemoteHandle:
         return lambda *args, **kwargs: method.remote(*args, **kwargs)
 
 
-class RayClientWorker(ClientWorker):
+class RayClientWorker:
+    """A ClientWorker as a restartable Ray actor. Its constructor takes no objects from the store
+    (Ray cannot guarantee those for a restart, and says so on every run, ray#53727): the engine
+    hands it the shared data with `attach`, after creation and again after a restart."""
+
+    def __init__(self, config: Config, input_shape: tuple[int, ...], num_classes: int, worker_index: int,
+                 num_workers: int):
+        self.arguments = (config, input_shape, num_classes, worker_index, num_workers)
+        self.worker: ClientWorker | None = None
+
+    def attach(self, data_refs: list) -> None:
+        """`data_refs` = [train data, partition]: references inside a list, so Ray passes them unresolved."""
+        config, input_shape, num_classes, worker_index, num_workers = self.arguments
+        train_data, partition = ray.get(data_refs)
+        self.worker = ClientWorker(config, train_data, partition, input_shape, num_classes, worker_index, num_workers)
+
     def train_with_status(self, round: int, down, client_ids: list[int]):
         """A tiny status beside the result, so the driver can tell a late or dead worker without
         fetching its uploads (which go to the server actor directly)."""
-        return True, self.train(round, down, client_ids)
+        return True, self.worker.train(round, down, client_ids)
+
+    def commit(self) -> None:
+        self.worker.commit()
+
+    def discard(self) -> None:
+        self.worker.discard()
+
+    def snapshot_client_states(self) -> dict:
+        return self.worker.snapshot_client_states()
+
+    def restore_client_states(self, states: dict) -> None:
+        self.worker.restore_client_states(states)
+
+    def client_state_bytes(self) -> int:
+        return self.worker.client_state_bytes()
 
 
 class WorkerHandle(RemoteHandle):
@@ -63,7 +93,7 @@ class RayEngine:
     def _start_actors(self, config: Config, dataset: Dataset, partition: Partition,
                       client_systems: ClientSystems) -> None:
         engine = config.engine
-        # Held for the engine's lifetime: a restarted worker is rebuilt from these same objects.
+        # Held for the engine's lifetime: a restarted worker is attached to these same objects.
         self.train_ref = train_ref = ray.put((dataset.train_x, dataset.train_y))
         self.partition_ref = partition_ref = ray.put(partition)
         # The server works while the workers wait for the next round, so it reserves no CPU:
@@ -75,13 +105,14 @@ class RayEngine:
                                                        dataset.input_shape, dataset.num_classes, client_systems))
         self.round_timeout_s = engine.round_timeout_s
         self.workers = [
-            WorkerHandle(worker_actor.remote(config, train_ref, partition_ref, dataset.input_shape,
-                                             dataset.num_classes, index, engine.num_workers))
+            WorkerHandle(worker_actor.remote(config, dataset.input_shape, dataset.num_classes, index,
+                                             engine.num_workers))
             for index in range(engine.num_workers)
         ]
         # Actors start asynchronously; waiting here puts their start-up (and any error in their
         # constructors) before the first round rather than inside it.
-        ray.get([handle.actor.__ray_ready__.remote() for handle in (self.server, *self.workers)])
+        ray.get([self.server.actor.__ray_ready__.remote(),
+                 *(handle.actor.attach.remote([train_ref, partition_ref]) for handle in self.workers)])
 
     def get(self, ref):
         return ray.get(ref)
@@ -104,14 +135,15 @@ class RayEngine:
         return delivered, failed
 
     def revive(self, workers: list[int], timeout_s: float = 120.0) -> list[int]:
-        """Waits for restarted workers to answer again (calls made while Ray restarts an actor fail);
-        returns those that did: a worker out of restarts stays gone, and its clients with it."""
+        """Waits for restarted workers to answer again (calls made while Ray restarts an actor fail)
+        and re-attaches them to their shard; returns those that came back: a worker out of restarts
+        stays gone, and its clients with it."""
         deadline = time.monotonic() + timeout_s
         alive = []
         for worker in workers:
             while time.monotonic() < deadline:
                 try:
-                    ray.get(self.workers[worker].actor.__ray_ready__.remote())
+                    ray.get(self.workers[worker].actor.attach.remote([self.train_ref, self.partition_ref]))
                 except ACTOR_LOST:
                     time.sleep(0.5)
                     continue
