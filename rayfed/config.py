@@ -17,6 +17,7 @@ from rayfed.algorithms.registry import ALGORITHMS, resolve_hyperparameters
 from rayfed.data.datasets import DATASETS, missing_files
 from rayfed.data.partition import PARTITIONS
 from rayfed.errors import ConfigError
+from rayfed.systems.availability import AVAILABILITIES
 
 MODELS = ("auto", "logreg", "mlp", "lenet5", "vgg11")
 # The papers' model for each dataset: FedProx used logistic regression on Synthetic.
@@ -26,7 +27,6 @@ ROUND_POLICIES = ("sync", "deadline", "overcommit", "async_buffered")
 STALENESS_WEIGHTS = ("none", "sqrt")
 # Staleness weights scale uploads, which is only meaningful where an upload is a model update.
 STALENESS_WEIGHTED_ALGORITHMS = ("fedavg", "fedavgm", "fedprox", "fedproxm")
-AVAILABILITIES = ("always", "bernoulli", "markov", "trace")
 AGG_WEIGHTINGS = ("uniform", "num_samples")
 
 

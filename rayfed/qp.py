@@ -46,17 +46,6 @@ class QPInfo:
     min_cosine: float        # min over kept rows of cos(ptilde, M_j); nan when no row is kept or ptilde ~ 0
     failed: bool             # the solver failed or something was non-finite, so p came back unchanged
 
-    @staticmethod
-    def merge(infos: Sequence[QPInfo]) -> QPInfo:
-        """One summary of several projections (e.g. all steps of a round): active constraints summed,
-        the largest relative change (the change of a concatenation is not a function of its parts'
-        ratios), the smallest cosine ignoring nan, failed if any failed."""
-        cosines = [info.min_cosine for info in infos if not math.isnan(info.min_cosine)]
-        return QPInfo(active=sum(info.active for info in infos),
-                      relative_change=max((info.relative_change for info in infos), default=0.0),
-                      min_cosine=min(cosines, default=math.nan),
-                      failed=any(info.failed for info in infos))
-
 
 def cone_project(p: Tensor, M: Tensor, *, gram: Tensor | None = None, margin: float = 0.0,
                  ridge: float = 1e-10, solver: str = "auto") -> tuple[Tensor, QPInfo]:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rayfed.numerics import dot64
-from rayfed.qp import QPInfo, cone_project, cone_project_blocks, solve_dual
+from rayfed.qp import cone_project, cone_project_blocks, solve_dual
 
 SEEDS = range(16)
 
@@ -345,15 +345,6 @@ def test_precomputed_gram_gives_the_same_projection():
     again, info_again = cone_project(p, M, gram=dot64(M, M))
     assert torch.equal(again, ptilde) and info_again == info
 
-
-def test_merge_of_infos():
-    merged = QPInfo.merge([QPInfo(2, 0.1, 0.3, False), QPInfo(0, 0.0, math.nan, False), QPInfo(1, 0.4, -0.2, True)])
-    assert merged == QPInfo(active=3, relative_change=0.4, min_cosine=-0.2, failed=True)
-    empty = QPInfo.merge([])
-    assert empty.active == 0 and empty.relative_change == 0.0 and math.isnan(empty.min_cosine) and not empty.failed
-
-
-# ---- check 9: scopes ----
 
 def random_blocks(rng, start, stop, count):
     """`count` contiguous non-empty blocks partitioning [start, stop)."""

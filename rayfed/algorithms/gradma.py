@@ -76,7 +76,7 @@ class GradMA(Algorithm):
             local, mean_loss = local_sgd(task, global_params, self.local_steps, self.lr_local)
             return Upload({"update": global_params - local}, task.num_samples, {"train_loss": mean_loss}), None
         local, mean_loss, infos = self._worker_update(task, global_params, client_state)
-        metrics = {"train_loss": mean_loss, **_summarize(infos, "qp_local")}
+        metrics = {"train_loss": mean_loss, **_combine([_qp_row(info, "qp_local") for info in infos], "qp_local")}
         new_state = GradMAClientState(local.clone()) if self.anchor_mode == "last_local" else None
         return Upload({"update": global_params - local}, task.num_samples, metrics), new_state
 
@@ -106,7 +106,7 @@ class GradMA(Algorithm):
                     round_info: RoundInfo) -> tuple[GradMAServerState, dict]:
         update = weighted_average(uploads, "update", self.agg_weighting)          # d_{t+1}
         momentum = state.momentum.mul(self.beta1).add_(update)                    # m_{t+1} = beta1 mtilde_t + d_{t+1}
-        metrics = _average_client_metrics(uploads, "qp_local") if self.correct_locally else {}
+        metrics = _combine([upload.metrics for upload in uploads.values()], "qp_local") if self.correct_locally else {}
         if state.memory is not None:
             # mem_red (spec §3.8) only depends on who took part, so it can run after training.
             participants = [client_id for client_id in round_info.sampled if client_id in uploads]
@@ -114,7 +114,7 @@ class GradMA(Algorithm):
             state.memory.update({client_id: uploads[client_id].tensors["update"] for client_id in participants})
             momentum, info = self._project(momentum, state.memory.rows, self.qp_margin_global,
                                            gram=state.memory.gram)                # mtilde_{t+1} = QP_g(m_{t+1}, D)
-            metrics.update(_summarize([info], "qp_global"))
+            metrics.update(_qp_row(info, "qp_global"))
             metrics.update(memory_rows=len(state.memory.buffered), memory_evictions=len(evicted))
         params = state.params.sub(momentum, alpha=self.lr_global)                # x_{t+1} = x_t - eta_g mtilde_{t+1}
         return GradMAServerState(params=params, momentum=momentum, memory=state.memory), metrics
@@ -126,23 +126,18 @@ class GradMA(Algorithm):
         return cone_project_blocks(vector, constraints, self.param_blocks, block_grams=gram, margin=margin)
 
 
-def _summarize(infos: list[QPInfo], prefix: str) -> dict[str, float]:
-    cosines = [info.min_cosine for info in infos if not math.isnan(info.min_cosine)]
-    return {
-        f"{prefix}_active": sum(info.active for info in infos) / len(infos),
-        f"{prefix}_change": sum(info.relative_change for info in infos) / len(infos),
-        f"{prefix}_min_cosine": min(cosines) if cosines else math.nan,
-        f"{prefix}_failures": sum(int(info.failed) for info in infos),
-    }
+def _qp_row(info: QPInfo, prefix: str) -> dict[str, float]:
+    return {f"{prefix}_active": info.active, f"{prefix}_change": info.relative_change,
+            f"{prefix}_min_cosine": info.min_cosine, f"{prefix}_failures": int(info.failed)}
 
 
-def _average_client_metrics(uploads: dict[int, Upload], prefix: str) -> dict[str, float]:
-    """The participants' QP diagnostics for the round: means, except the minimum cosine and the failure count."""
-    per_client = [upload.metrics for upload in uploads.values()]
-    cosines = [m[f"{prefix}_min_cosine"] for m in per_client if not math.isnan(m[f"{prefix}_min_cosine"])]
+def _combine(rows: list[dict[str, float]], prefix: str) -> dict[str, float]:
+    """QP diagnostics of several calls (a client's steps, or a round's clients): mean active
+    constraints and relative change, the smallest cosine, the total failures."""
+    cosines = [row[f"{prefix}_min_cosine"] for row in rows if not math.isnan(row[f"{prefix}_min_cosine"])]
     return {
-        f"{prefix}_active": sum(m[f"{prefix}_active"] for m in per_client) / len(per_client),
-        f"{prefix}_change": sum(m[f"{prefix}_change"] for m in per_client) / len(per_client),
+        f"{prefix}_active": sum(row[f"{prefix}_active"] for row in rows) / len(rows),
+        f"{prefix}_change": sum(row[f"{prefix}_change"] for row in rows) / len(rows),
         f"{prefix}_min_cosine": min(cosines) if cosines else math.nan,
-        f"{prefix}_failures": sum(m[f"{prefix}_failures"] for m in per_client),
+        f"{prefix}_failures": sum(row[f"{prefix}_failures"] for row in rows),
     }

@@ -11,9 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-POLICIES = ("sync", "deadline", "overcommit")
-
-
 @dataclass(frozen=True)
 class RoundPlan:
     sampled: list[int]           # in sampling order
