@@ -1,8 +1,10 @@
 """`rayfed.run(config) -> Result`: one federated training run, end to end; `rayfed.resume(run_dir)`."""
 from __future__ import annotations
 
+import copy
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -10,12 +12,16 @@ from pathlib import Path
 
 from torch import Tensor
 
+from rayfed.algorithms.registry import build_algorithm
 from rayfed.checkpoint import load_checkpoint, recover_workers, restore_checkpoint, save_checkpoint
 from rayfed.config import Config, load_config, resolve
 from rayfed.data import class_histogram, load_dataset, make_partition, write_histogram_csv
 from rayfed.engine import make_engine, run_rounds
+from rayfed.engine.process_memory import peak_rss, total_peak_rss
+from rayfed.engine.vectorized import vectorize_blocker
 from rayfed.errors import ConfigError
 from rayfed.metrics import MetricsLog, ProgressBar, summarize, write_json_atomic
+from rayfed.models import FlatModel, build_model
 from rayfed.systems.clients import make_client_systems
 
 
@@ -70,10 +76,12 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
     data = config.data
     dataset = load_dataset(data.dataset, root=data.root, download=data.download, seed=config.seed,
                            num_clients=data.num_clients, synthetic_alpha=data.synthetic_alpha,
-                           synthetic_beta=data.synthetic_beta)
+                           synthetic_beta=data.synthetic_beta, synthetic_max_samples=data.synthetic_max_samples)
     partition = make_partition(data.partition, dataset.train_y, dataset.num_classes, data.num_clients,
                                config.seed, alpha=data.alpha, shards_per_client=data.shards_per_client,
                                natural=dataset.natural_partition)
+    data_time_s = time.perf_counter() - started
+    config = _without_unsupported_vectorize(config, dataset)
     engine = make_engine(config, dataset, partition, client_systems)
     history = list(history or [])
     try:
@@ -90,12 +98,15 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
         buffers = engine.get(engine.server.broadcast()).buffers
         server_state_bytes = engine.get(engine.server.state_bytes())
         client_state_bytes = sum(engine.get([worker.client_state_bytes() for worker in engine.workers]))
+        peaks = [peak_rss(), *engine.get([engine.server.peak_rss(), *(worker.peak_rss() for worker in engine.workers)])]
     finally:
         engine.shutdown()
     summary = {
         **summarize(history),
         "wall_time_s": time.perf_counter() - started,
         "startup_time_s": startup_s,
+        "data_time_s": data_time_s,
+        "peak_rss_bytes": total_peak_rss(peaks),
         "algorithm": config.algorithm.name,
         "dataset": config.data.dataset,
         "num_clients": config.data.num_clients,
@@ -103,6 +114,7 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
         "server_state_bytes": server_state_bytes,
         "client_state_bytes": client_state_bytes,
         "seed": config.seed,
+        "vectorized": config.engine.vectorize,
     }
     write_json_atomic(run_dir / "summary.json", summary)
     return Result(history, summary, run_dir, params, buffers)
@@ -127,6 +139,21 @@ def _train(engine, config: Config, run_dir: Path, progress: bool, first_round: i
         bar.close()
         log.close()
     return history
+
+
+def _without_unsupported_vectorize(config: Config, dataset) -> Config:
+    """engine.vectorize where the algorithm or model cannot batch clients: say why, train them one by one."""
+    if not config.engine.vectorize:
+        return config
+    model = build_model(config.model.name, dataset.input_shape, dataset.num_classes, config.model.hidden_sizes)
+    algorithm = build_algorithm(config.algorithm, config.train.local_steps, FlatModel(model).blocks)
+    reason = vectorize_blocker(config.algorithm.name, algorithm, model)
+    if reason is None:
+        return config
+    print(f"rayfed: engine.vectorize: {reason}; training clients one after another", file=sys.stderr)
+    config = copy.deepcopy(config)
+    config.engine.vectorize = False
+    return config
 
 
 def _create_run_dir(run_dir: Path | None, config: Config) -> Path:

@@ -19,8 +19,19 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--quiet", action="store_true", help="no progress bar")
     run_parser.add_argument("--resume", metavar="RUN_DIR",
                             help="continue RUN_DIR from its last checkpoint, with its own config")
+    bench_parser = commands.add_parser("bench", help="time workloads against a plain PyTorch loop")
+    bench_parser.add_argument("items", nargs="*", metavar="[WORKLOAD] [key=value ...]",
+                              help="workloads (tiny, lenet, huge_n; default all) and config overrides")
+    bench_parser.add_argument("--engines", default="local,ray",
+                              help="comma-separated, from local, ray, local_vec, ray_vec (default local,ray)")
+    bench_parser.add_argument("--rounds", type=int, default=30, help="rounds per measurement (default 30)")
+    bench_parser.add_argument("--repeats", type=int, default=1, help="measurements per engine (default 1)")
+    bench_parser.add_argument("--json", metavar="PATH", default="bench.json",
+                              help="where to write the results (default bench.json)")
     args = parser.parse_args(argv)
     try:
+        if args.command == "bench":
+            return _bench(args)
         if args.command == "run" and args.resume:
             if args.items or args.out:
                 raise ConfigError("--resume takes the run directory alone: its config.yaml holds the config")
@@ -46,6 +57,11 @@ def _load(items: list[str]):
         raise ConfigError(f"at most one config file, got {', '.join(paths)} "
                           f"(overrides look like key=value)")
     return load_config(paths[0] if paths else None, overrides)
+
+
+def _bench(args) -> int:
+    from rayfed.bench.cli import bench_command
+    return bench_command(args.items, args.engines, args.rounds, args.repeats, args.json)
 
 
 def _run(config, out: str | None, progress: bool) -> int:

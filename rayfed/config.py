@@ -21,7 +21,8 @@ from rayfed.systems.availability import AVAILABILITIES
 
 MODELS = ("auto", "logreg", "mlp", "lenet5", "vgg11")
 # The papers' model for each dataset: FedProx used logistic regression on Synthetic.
-AUTO_MODELS = {"synthetic": "logreg", "mnist": "mlp", "fashion_mnist": "mlp", "cifar10": "lenet5", "cifar100": "vgg11"}
+AUTO_MODELS = {"synthetic": "logreg", "mnist": "mlp", "fashion_mnist": "mlp", "cifar10": "lenet5", "cifar100": "vgg11",
+               "cifar10_random": "lenet5"}
 BACKENDS = ("local", "ray")
 ROUND_POLICIES = ("sync", "deadline", "overcommit", "async_buffered")
 STALENESS_WEIGHTS = ("none", "sqrt")
@@ -42,6 +43,7 @@ class DataConfig:
     shards_per_client: int = 2
     synthetic_alpha: float = 1.0
     synthetic_beta: float = 1.0
+    synthetic_max_samples: int = 1000
 
 
 @dataclass
@@ -111,6 +113,7 @@ class EngineConfig:
     round_timeout_s: Optional[float] = None
     worker_max_restarts: int = 3
     fault_injection: list[str] = field(default_factory=list)
+    vectorize: bool = False
 
 
 @dataclass
@@ -218,6 +221,9 @@ def _validate_ranges(config: Config) -> None:
     for key in ("synthetic_alpha", "synthetic_beta"):
         if getattr(config.data, key) < 0:
             raise ConfigError(f"data.{key}={getattr(config.data, key)} must be >= 0")
+    if config.data.synthetic_max_samples < 2:
+        raise ConfigError(f"data.synthetic_max_samples={config.data.synthetic_max_samples} must be >= 2 "
+                          f"(a client needs a training and a test sample)")
     if any(size <= 0 for size in config.model.hidden_sizes):
         raise ConfigError(f"model.hidden_sizes={config.model.hidden_sizes} must all be > 0")
     if config.train.clients_per_round > config.data.num_clients:

@@ -57,6 +57,13 @@ class RoundInfo:
 class Algorithm:
     """Base class. Subclasses hold only hyper-parameters; all state is passed in and returned."""
 
+    # Whether clients carry state from round to round (client_init/client_train): such clients
+    # must always train on the worker that holds it; stateless ones can train anywhere.
+    keeps_client_state = True
+    # Whether client_train, given a ClientBatchTask, trains a stack of clients at once: true
+    # when it is local_sgd plus broadcasting tensor ops and keeps no client state.
+    vectorizable = False
+
     def server_init(self, params: Tensor, num_clients: int) -> Any:
         raise NotImplementedError
 
@@ -103,13 +110,15 @@ def local_sgd(task: ClientTask, start: Tensor, steps: int, lr: float,
               prox_mu: float = 0.0, prox_center: Tensor | None = None) -> tuple[Tensor, float]:
     """`steps` plain SGD steps from `start`, optionally on the FedProx objective
     F_i(w) + mu/2 ||w - prox_center||^2. Returns the final iterate (the resident model's
-    vector, updated in place) and the mean minibatch loss over the steps."""
+    vector, updated in place) and the mean minibatch loss over the steps. With a stack of clients
+    (a ClientBatchTask) the iterates are (clients, d) and the losses a (clients,) tensor."""
     params = task.start_from(start)
-    loss_sum = torch.zeros((), dtype=torch.float64)
+    loss_sum = 0.0
     for _ in range(steps):
         loss, grad = task.loss_and_grad(params, task.next_batch())
         if prox_mu:
             grad = grad.add(params - prox_center, alpha=prox_mu)
         params.sub_(grad, alpha=lr)
-        loss_sum += loss.double().cpu()
-    return params, float(loss_sum) / steps
+        loss_sum = loss_sum + loss.double()
+    mean_loss = loss_sum / steps
+    return params, float(mean_loss) if mean_loss.ndim == 0 else mean_loss

@@ -19,6 +19,9 @@ class FedAvgMState:
 
 
 class FedAvgM(Algorithm):
+    keeps_client_state = False
+    vectorizable = True
+
     def __init__(self, lr_local: float, lr_global: float, local_steps: int,
                  beta1: float = 0.0, mu: float = 0.0, agg_weighting: str = "uniform"):
         self.lr_local = lr_local

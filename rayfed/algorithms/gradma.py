@@ -49,6 +49,8 @@ class GradMA(Algorithm):
         self.qp_margin_local = qp_margin_local
         self.qp_margin_global = qp_margin_global
         self.agg_weighting = agg_weighting
+        self.keeps_client_state = correct_locally and anchor_mode == "last_local"
+        self.vectorizable = not correct_locally     # GradMA-S trains clients with plain local SGD
 
     def server_init(self, params: Tensor, num_clients: int) -> GradMAServerState:
         memory = None

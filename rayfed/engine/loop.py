@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterator, Protocol
 
-from rayfed.engine.worker import client_owner
+from rayfed.engine.worker import assign_to_workers
 
 
 class Engine(Protocol):
@@ -28,13 +28,12 @@ class Engine(Protocol):
 def run_rounds(engine: Engine, rounds: range) -> Iterator[dict]:
     """Runs `rounds`, yielding each round's metrics with the wall time since the loop began."""
     started = time.perf_counter()
+    clients_keep_state = engine.get(engine.server.clients_keep_state())
     for round in rounds:
         sampled = engine.get(engine.server.sample(round))
         down = engine.server.broadcast()
-        per_worker: dict[int, list[int]] = {}
-        for client_id in sampled:
-            per_worker.setdefault(client_owner(client_id, len(engine.workers)), []).append(client_id)
-        calls = {w: engine.workers[w].train(round, down, ids) for w, ids in sorted(per_worker.items())}
+        per_worker = assign_to_workers(sampled, len(engine.workers), clients_keep_state)
+        calls = {w: engine.workers[w].train(round, down, ids) for w, ids in per_worker.items()}
         delivered, failed = engine.settle(calls)
         for worker in calls:
             # Actor calls run in submission order, so this lands before the worker's next round.

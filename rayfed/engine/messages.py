@@ -33,6 +33,17 @@ class ClientResult:
 
 
 @dataclass
+class WorkerTiming:
+    """When a worker's train call ran, in wall-clock seconds (time.time(), comparable across the
+    processes of one machine), and how long its training and packing took."""
+
+    started_at: float
+    train_s: float
+    pack_s: float
+    finished_at: float
+
+
+@dataclass
 class WorkerResult:
     """One worker's clients for one round, packed as one stacked tensor per upload name: a
     round then moves a few tensors per worker instead of a few per client, which is what
@@ -43,6 +54,7 @@ class WorkerResult:
     metrics: list[dict[str, float]]
     tensors: dict[str, Tensor]      # name -> (clients, ...) stacked in client_ids order
     buffers: Tensor                 # (clients, number of buffer entries)
+    timing: WorkerTiming | None = None
 
     @classmethod
     def pack(cls, results: list[ClientResult]) -> "WorkerResult":
@@ -56,7 +68,7 @@ class WorkerResult:
     def to(self, device: torch.device) -> "WorkerResult":
         return WorkerResult(self.client_ids, self.num_samples, self.metrics,
                             {name: stacked.to(device) for name, stacked in self.tensors.items()},
-                            self.buffers.to(device))
+                            self.buffers.to(device), self.timing)
 
     def unpack(self) -> list[ClientResult]:
         return [ClientResult(client_id,

@@ -15,6 +15,7 @@ import ray
 
 from rayfed.config import Config
 from rayfed.data import Dataset, Partition
+from rayfed.engine.process_memory import peak_rss
 from rayfed.engine.server import Server
 from rayfed.engine.worker import ClientWorker
 from rayfed.errors import ConfigError
@@ -67,6 +68,9 @@ class RayClientWorker:
 
     def client_state_bytes(self) -> int:
         return self.worker.client_state_bytes()
+
+    def peak_rss(self) -> tuple[int, int]:
+        return peak_rss()
 
 
 class WorkerHandle(RemoteHandle):

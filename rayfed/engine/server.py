@@ -3,6 +3,7 @@ clients, folds the uploads in with the algorithm, and evaluates the global model
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import torch
@@ -12,6 +13,7 @@ from rayfed.algorithms.base import RoundInfo, Upload
 from rayfed.algorithms.registry import build_algorithm
 from rayfed.config import Config
 from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult
+from rayfed.engine.process_memory import peak_rss
 from rayfed.engine.worker import as_tensor, device_for, threads_per_process
 from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, derive_seed, numpy_rng
@@ -38,18 +40,22 @@ class Server:
         self.client_systems = client_systems
         self.virtual_time_s = 0.0
         # What a client uploads is only known once one has; until then, as much as it downloads.
-        self.upload_bytes = self.broadcast().nbytes
+        self.upload_bytes = self._broadcast().nbytes
         self.plan = RoundPlan([], [], 0.0)
         self.num_online = 0
         train = config.train
         self.async_buffer = (AsyncBuffer(train.concurrency, train.buffer_size)
                              if train.round_policy == "async_buffered" else None)
+        # Where the round's time goes (metrics' phase_s): set by sample() and broadcast(), read by step().
+        self.sample_s = 0.0
+        self.broadcast_sent_at = time.time()
 
     def sample(self, round: int) -> list[int]:
         """The clients to train this round. Clients online now are drawn uniformly without replacement
         from the stream (seed, round): S of them (more with overcommit; the free slots under
         async_buffered, among clients not already in flight). The round policy keeps those whose
         uploads will count by their virtual durations; the others are never trained."""
+        started = time.perf_counter()
         train = self.config.train
         online = np.flatnonzero(self.client_systems.availability.online(round, self.virtual_time_s))
         wanted = train.clients_per_round
@@ -61,7 +67,7 @@ class Server:
         self.num_online = len(online)
         rng = numpy_rng(self.config.seed, Purpose.SAMPLE_CLIENTS, round)
         sampled = online[rng.choice(len(online), size=min(wanted, len(online)), replace=False)]
-        durations = self.client_systems.speeds.round_durations(sampled, train.local_steps, self.broadcast().nbytes,
+        durations = self.client_systems.speeds.round_durations(sampled, train.local_steps, self._broadcast().nbytes,
                                                                self.upload_bytes)
         if self.async_buffer is not None:
             self.async_buffer.launch(sampled.tolist(), (self.virtual_time_s + durations).tolist(), version=round)
@@ -69,9 +75,16 @@ class Server:
         else:
             self.plan = plan_round(train.round_policy, sampled, durations,
                                    clients_per_round=train.clients_per_round, deadline_s=train.deadline_s)
+        self.sample_s = time.perf_counter() - started
         return self.plan.participants
 
     def broadcast(self) -> Broadcast:
+        """The round's downlink, as sent to the workers."""
+        down = self._broadcast()
+        self.broadcast_sent_at = time.time()
+        return down
+
+    def _broadcast(self) -> Broadcast:
         """On the CPU: workers may have no GPU, and each moves it to its own device once per round."""
         tensors = {name: tensor.cpu() for name, tensor in self.algorithm.broadcast(self.state).items()}
         return Broadcast(tensors, self.buffers.cpu())
@@ -79,13 +92,18 @@ class Server:
     def global_params(self) -> Tensor:
         return self.algorithm.global_params(self.state)
 
+    def clients_keep_state(self) -> bool:
+        return self.algorithm.keeps_client_state
+
     def step(self, round: int, *worker_results: WorkerResult, lost: list[int] = ()) -> dict:
         """Completes round `round` (0-based) from the workers' results; returns its metrics. `lost`:
         clients trained this round whose results never came (their worker was late or died)."""
+        step_started_at, started = time.time(), time.perf_counter()
         trained = [r for packed in worker_results for r in packed.to(self.device).unpack()]
+        unpack_s = time.perf_counter() - started
         if self.async_buffer is not None:
             self.async_buffer.forget(lost)
-        down_bytes = self.broadcast().nbytes
+        down_bytes = self._broadcast().nbytes
         if self.async_buffer is None:
             counted, order, extra = trained, self.plan.participants, {"num_stragglers": len(self.plan.stragglers)}
             finished_at = self.virtual_time_s + self.plan.round_time_s
@@ -118,9 +136,21 @@ class Server:
             "virtual_time_s": self.virtual_time_s,
             **algorithm_metrics,
         }
+        stepped = time.perf_counter()
         rounds = self.config.train.rounds
         if (round + 1) % self.config.train.eval_every == 0 or round + 1 == rounds:
             metrics["test_loss"], metrics["test_accuracy"] = self.evaluate()
+        timings = [packed.timing for packed in worker_results if packed.timing is not None]
+        metrics["phase_s"] = {
+            "sample": self.sample_s,
+            "broadcast": max((t.started_at for t in timings), default=self.broadcast_sent_at) - self.broadcast_sent_at,
+            "train": max((t.train_s for t in timings), default=0.0),
+            # packing on the slowest worker, the hand-over to this process, unpacking here
+            "upload": (max((t.pack_s for t in timings), default=0.0) + unpack_s +
+                       max(0.0, step_started_at - max((t.finished_at for t in timings), default=step_started_at))),
+            "server_step": stepped - started - unpack_s,
+            "eval": time.perf_counter() - stepped,
+        }
         return metrics
 
     def _buffered_arrivals(self, round: int, trained: list[ClientResult]):
@@ -162,6 +192,9 @@ class Server:
         self.model.params.copy_(self.global_params())
         self.model.buffers.copy_(self.buffers)
         return self.model.evaluate(self.test_x, self.test_y)
+
+    def peak_rss(self) -> tuple[int, int]:
+        return peak_rss()
 
     def state_bytes(self) -> int:
         """Bytes of algorithm state the server holds (model included)."""

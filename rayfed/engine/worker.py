@@ -14,7 +14,9 @@ from rayfed.algorithms.base import Batch
 from rayfed.algorithms.registry import build_algorithm
 from rayfed.config import Config, parse_fault
 from rayfed.data.partition import Partition
-from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult
+from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult, WorkerTiming
+from rayfed.engine.process_memory import peak_rss
+from rayfed.engine.vectorized import ClientBatchTask
 from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, derive_seed, seed_global_torch, torch_generator
 
@@ -51,6 +53,10 @@ class ClientTask:
         return self.model.params
 
     def next_batch(self) -> Batch:
+        rows = self.next_rows()
+        return self.train_x[rows], self.train_y[rows]
+
+    def next_rows(self) -> Tensor:
         """Minibatches walk through a fresh shuffle of the client's samples (an epoch), then reshuffle.
         A trailing batch of one sample is skipped: BatchNorm cannot train on it (spec A27)."""
         remaining = self.num_samples - self.position
@@ -59,8 +65,7 @@ class ClientTask:
             self.position = 0
         chosen = self.order[self.position:self.position + self.batch_size]
         self.position += len(chosen)
-        rows = self.sample_indices[chosen.to(self.sample_indices.device)]
-        return self.train_x[rows], self.train_y[rows]
+        return self.sample_indices[chosen.to(self.sample_indices.device)]
 
     def loss_and_grad(self, params: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
         if params is self.model.params:
@@ -102,21 +107,27 @@ class ClientWorker:
                        if worker == worker_index}
 
     def train(self, round: int, down: Broadcast, client_ids: list[int]) -> WorkerResult:
+        started_at, started = time.time(), time.perf_counter()
         self._inject_fault(round)
         tensors = {name: t.to(self.device) for name, t in down.tensors.items()}
         buffers = down.buffers.to(self.device)
-        return WorkerResult.pack([self._train_client(round, client_id, tensors, buffers) for client_id in client_ids])
+        if self.config.engine.vectorize:
+            packed = self._train_clients_together(round, client_ids, tensors, buffers)
+            trained = time.perf_counter()
+        else:
+            results = [self._train_client(round, client_id, tensors, buffers) for client_id in client_ids]
+            trained = time.perf_counter()
+            packed = WorkerResult.pack(results)
+        packed.timing = WorkerTiming(started_at, trained - started, time.perf_counter() - trained, time.time())
+        return packed
 
     def _train_client(self, round: int, client_id: int, tensors: dict[str, Tensor], buffers: Tensor) -> ClientResult:
-        if client_owner(client_id, self.num_workers) != self.worker_index:
-            raise ValueError(f"client {client_id} does not live on worker {self.worker_index}")
-        seed = self.config.seed
-        seed_global_torch(derive_seed(seed, Purpose.DROPOUT, round, client_id), self.device)
+        if self.algorithm.keeps_client_state and client_owner(client_id, self.num_workers) != self.worker_index:
+            raise ValueError(f"client {client_id} keeps its state on worker "
+                             f"{client_owner(client_id, self.num_workers)}, not {self.worker_index}")
+        seed_global_torch(derive_seed(self.config.seed, Purpose.DROPOUT, round, client_id), self.device)
         self.model.buffers.copy_(buffers)
-        task = ClientTask(self.model, self.train_x, self.train_y,
-                          as_tensor(self.partition.client(client_id), self.device),
-                          self.config.train.batch_size,
-                          torch_generator(seed, Purpose.BATCHES, round, client_id))
+        task = self._client_task(round, client_id)
         state = self.client_states.get(client_id)
         if state is None:
             state = self.algorithm.client_init(client_id)
@@ -125,6 +136,24 @@ class ClientWorker:
             self.pending_states[client_id] = state
         upload.tensors = {name: t.cpu() for name, t in upload.tensors.items()}
         return ClientResult(client_id, upload, self.model.buffers.cpu().clone())
+
+    def _train_clients_together(self, round: int, client_ids: list[int], tensors: dict[str, Tensor],
+                                buffers: Tensor) -> WorkerResult:
+        """engine.vectorize: one batched local training for all of `client_ids` (stateless
+        algorithms on models without BatchNorm or dropout, checked before the run starts)."""
+        task = ClientBatchTask(self.model, [self._client_task(round, client_id) for client_id in client_ids])
+        upload, _ = self.algorithm.client_train(task, tensors, None)
+        per_client_metrics = {name: value.tolist() for name, value in upload.metrics.items()}
+        return WorkerResult(client_ids=list(client_ids), num_samples=upload.num_samples,
+                            metrics=[{name: values[row] for name, values in per_client_metrics.items()}
+                                     for row in range(len(client_ids))],
+                            tensors={name: stacked.cpu() for name, stacked in upload.tensors.items()},
+                            buffers=buffers.cpu().expand(len(client_ids), -1).clone())
+
+    def _client_task(self, round: int, client_id: int) -> ClientTask:
+        return ClientTask(self.model, self.train_x, self.train_y,
+                          as_tensor(self.partition.client(client_id), self.device), self.config.train.batch_size,
+                          torch_generator(self.config.seed, Purpose.BATCHES, round, client_id))
 
     def commit(self) -> None:
         """The last round's uploads counted: its clients' new states become theirs."""
@@ -147,6 +176,9 @@ class ClientWorker:
     def restore_client_states(self, states: dict[int, Any]) -> None:
         self.client_states = dict(states)
 
+    def peak_rss(self) -> tuple[int, int]:
+        return peak_rss()
+
     def client_state_bytes(self) -> int:
         return sum(self.algorithm.state_bytes(state) for state in self.client_states.values())
 
@@ -154,6 +186,17 @@ class ClientWorker:
 def client_owner(client_id: int, num_workers: int) -> int:
     """Client i always lives on worker i mod P, so its state never moves."""
     return client_id % num_workers
+
+
+def assign_to_workers(client_ids: list[int], num_workers: int, clients_keep_state: bool) -> dict[int, list[int]]:
+    """Which worker trains which of the round's clients. Clients with state train where it lives;
+    stateless ones are dealt out in id order, so the workers' shares differ by at most one client
+    and no worker waits on a busier one. Results do not depend on where a client trains."""
+    per_worker: dict[int, list[int]] = {}
+    for position, client_id in enumerate(sorted(client_ids)):
+        worker = client_owner(client_id if clients_keep_state else position, num_workers)
+        per_worker.setdefault(worker, []).append(client_id)
+    return dict(sorted(per_worker.items()))
 
 
 def threads_per_process(config: Config) -> int:

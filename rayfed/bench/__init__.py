@@ -1,0 +1,1 @@
+"""`rayfed bench`: named workloads timed against a plain single-process PyTorch loop."""

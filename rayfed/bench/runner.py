@@ -1,0 +1,138 @@
+"""Runs workloads under rayfed's engines and under the plain loop, each measurement in a fresh
+process (so each peak-memory figure is its own), and reduces them to one table.
+
+Round times are medians over the rounds after a warm-up, leaving out the last round (the only
+one that evaluates). Repeats alternate plain loop and engines so that machine noise hits all alike.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import platform
+import statistics
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import torch
+
+from rayfed.bench.workloads import DESCRIPTIONS, workload_config
+from rayfed.engine.process_memory import peak_rss
+
+WARM_UP_ROUNDS = 3
+PHASES = ("sample", "broadcast", "train", "upload", "server_step", "eval")
+# What each engine name means as config overrides.
+ENGINES = {
+    "local": ["engine.backend=local"],
+    "ray": ["engine.backend=ray", "engine.num_workers=2"],
+    "local_vec": ["engine.backend=local", "engine.vectorize=true"],
+    "ray_vec": ["engine.backend=ray", "engine.num_workers=2", "engine.vectorize=true"],
+}
+
+
+def measure_plain(workload: str, rounds: int, overrides: list[str]) -> dict:
+    """The plain loop on `workload`; runs in its own process."""
+    from rayfed.bench.plain_loop import PlainFedAvg
+    from rayfed.data import load_dataset, make_partition
+    started = time.perf_counter()
+    config = workload_config(workload, rounds, overrides)
+    data = config.data
+    dataset = load_dataset(data.dataset, seed=config.seed, num_clients=data.num_clients,
+                           synthetic_alpha=data.synthetic_alpha, synthetic_beta=data.synthetic_beta,
+                           synthetic_max_samples=data.synthetic_max_samples)
+    partition = make_partition(data.partition, dataset.train_y, dataset.num_classes, data.num_clients, config.seed,
+                               alpha=data.alpha, shards_per_client=data.shards_per_client,
+                               natural=dataset.natural_partition)
+    data_time_s = time.perf_counter() - started
+    loop = PlainFedAvg(config, dataset, partition)
+    startup_s = time.perf_counter() - started
+    round_s = [loop.run_round(round) for round in range(rounds)]
+    return {"round_s": _steady_median(round_s + [0.0]), "startup_s": startup_s, "data_s": data_time_s,
+            "peak_rss_bytes": peak_rss()[1], "params": loop.params()}
+
+
+def measure_engine(workload: str, rounds: int, overrides: list[str]) -> dict:
+    """rayfed.run on `workload`; runs in its own process."""
+    import rayfed
+    config = workload_config(workload, rounds, overrides)
+    with tempfile.TemporaryDirectory() as scratch:
+        result = rayfed.run(config, run_dir=Path(scratch) / "run", progress=False)
+    history, summary = result.history, result.summary
+    walls = [history[0]["wall_time_s"]] + [b["wall_time_s"] - a["wall_time_s"] for a, b in zip(history, history[1:])]
+    phases = {phase: _steady_median([m["phase_s"][phase] for m in history]) for phase in PHASES}
+    # Evaluation runs once, in the last round, which the medians leave out: report it as measured there.
+    phases["eval"] = history[-1]["phase_s"]["eval"]
+    other = [wall - sum(m["phase_s"][p] for p in PHASES if p != "eval") for wall, m in zip(walls, history)]
+    phases["other"] = _steady_median(other)
+    return {"round_s": _steady_median(walls), "startup_s": summary["startup_time_s"], "data_s": summary["data_time_s"],
+            "peak_rss_bytes": summary["peak_rss_bytes"], "phases_s": phases,
+            "bytes_per_round": statistics.mean(m["bytes_up"] + m["bytes_down"] for m in history),
+            "params": result.params}
+
+
+def _steady_median(per_round: list[float]) -> float:
+    """Median after the warm-up, leaving out the last (evaluating) round."""
+    steady = per_round[WARM_UP_ROUNDS:-1]
+    if not steady:
+        raise ValueError(f"need more than {WARM_UP_ROUNDS + 1} rounds to measure")
+    return statistics.median(steady)
+
+
+def _in_fresh_process(function, *args) -> dict:
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(function, *args).result()
+
+
+def bench(workloads: list[str], engines: list[str], rounds: int, repeats: int, overrides: list[str] = (),
+          report=print) -> dict:
+    """Measures every workload with the plain loop and each engine; returns the JSON report."""
+    results = {"machine": {"platform": platform.platform(), "cpus": multiprocessing.cpu_count(),
+                           "torch": torch.__version__, "cuda": torch.cuda.is_available()},
+               "rounds": rounds, "repeats": repeats, "warm_up_rounds": WARM_UP_ROUNDS, "workloads": {}}
+    for workload in workloads:
+        workload_config(workload, rounds, overrides)      # bad names or overrides fail before any work
+        runs = {"plain": []} | {engine: [] for engine in engines}
+        for _ in range(repeats):
+            runs["plain"].append(_in_fresh_process(measure_plain, workload, rounds, list(overrides)))
+            for engine in engines:
+                runs[engine].append(_in_fresh_process(measure_engine, workload, rounds,
+                                                      [*ENGINES[engine], *overrides]))
+        table = _reduce(runs)
+        results["workloads"][workload] = {"description": DESCRIPTIONS[workload], **table}
+        report(format_table(workload, table))
+    return results
+
+
+def _reduce(runs: dict[str, list[dict]]) -> dict:
+    plain_round_s = statistics.median(run["round_s"] for run in runs["plain"])
+    reference = runs["plain"][0]["params"]
+    table = {}
+    for name, measured in runs.items():
+        row = {key: statistics.median(run[key] for run in measured)
+               for key in ("round_s", "startup_s", "data_s", "peak_rss_bytes")}
+        row["rounds_per_s"] = 1.0 / row["round_s"]
+        row["vs_plain"] = row["round_s"] / plain_round_s
+        row["max_abs_diff_vs_plain"] = max(float((run["params"] - reference).abs().max()) for run in measured)
+        if name != "plain":
+            row["phases_s"] = {phase: statistics.median(run["phases_s"][phase] for run in measured)
+                               for phase in measured[0]["phases_s"]}
+            row["bytes_per_round"] = measured[0]["bytes_per_round"]
+        table[name] = row
+    return table
+
+
+def format_table(workload: str, table: dict) -> str:
+    phases = (*PHASES, "other")
+    header = (f"{'':<10}{'s/round':>9}{'rounds/s':>9}{'vs plain':>9}{'startup':>9}{'(data)':>8}{'peak MB':>9}"
+              + "".join(f"{phase[:8]:>9}" for phase in phases) + f"{'MB/round':>9}{'max|dw|':>9}")
+    lines = [f"{workload}: {DESCRIPTIONS[workload]}", header]
+    for name, row in table.items():
+        line = (f"{name:<10}{row['round_s']:>9.4f}{row['rounds_per_s']:>9.1f}{row['vs_plain']:>8.2f}x"
+                f"{row['startup_s']:>9.2f}{row['data_s']:>8.2f}{row['peak_rss_bytes'] / 2**20:>9.0f}")
+        if "phases_s" in row:
+            line += "".join(f"{row['phases_s'][phase]:>9.4f}" for phase in phases)
+            line += f"{row['bytes_per_round'] / 2**20:>9.2f}"
+        else:
+            line += " " * 9 * (len(phases) + 1)
+        lines.append(line + f"{row['max_abs_diff_vs_plain']:>9.1e}")
+    return "\n".join(lines)

@@ -1,0 +1,70 @@
+"""Training a worker's clients of a round as one batched computation (engine.vectorize).
+
+ClientBatchTask implements the ClientTask protocol with a leading client dimension: parameters
+are (clients, d), a batch is every client's next minibatch stacked, and the gradient is taken
+per client with torch.func.vmap. An algorithm whose local step is written with broadcasting
+ops (FedAvgM's local_sgd) then trains all clients at once, unchanged. Each client keeps its own
+parameters, minibatch stream and sample count, so results equal sequential training up to
+floating-point reordering inside the batched kernels.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from rayfed.algorithms.base import Algorithm
+from rayfed.models import FlatModel
+
+# Layers whose behaviour couples a client's samples or draws randomness: vmap cannot keep
+# per-client BatchNorm statistics or reproduce each client's dropout stream.
+_UNVECTORIZABLE_LAYERS = (nn.modules.batchnorm._BatchNorm, nn.Dropout)
+
+
+def vectorize_blocker(algorithm_name: str, algorithm: Algorithm, module: nn.Module) -> str | None:
+    """Why this algorithm and model cannot train clients as one batch; None when they can."""
+    if not algorithm.vectorizable:
+        return f"algorithm {algorithm_name} has no batched local step (its clients keep state or correct their steps)"
+    layers = sorted({type(layer).__name__ for layer in module.modules() if isinstance(layer, _UNVECTORIZABLE_LAYERS)})
+    if layers:
+        return (f"the model has {', '.join(layers)} layers, whose per-client statistics and random streams "
+                f"a batched computation does not reproduce")
+    return None
+
+
+class ClientBatchTask:
+    """Clients' local problems for one round, stacked (implements algorithms.base.ClientTask)."""
+
+    def __init__(self, model: FlatModel, client_tasks: list):
+        self.model = model
+        self.client_tasks = client_tasks
+        self.num_samples = [task.num_samples for task in client_tasks]
+        self.shapes = [(name, parameter.shape, parameter.numel()) for name, parameter
+                       in model.module.named_parameters() if parameter.requires_grad]
+        self.per_client_grad = vmap(grad_and_value(self._loss))
+
+    def start_from(self, params: Tensor) -> Tensor:
+        return params.expand(len(self.client_tasks), -1).clone()
+
+    def next_batch(self) -> tuple[Tensor, Tensor, Tensor]:
+        """Every client's next minibatch, padded to the longest with weight-0 rows: clients whose
+        sample counts leave a shorter last batch of an epoch still train on exactly their own rows."""
+        rows = [task.next_rows() for task in self.client_tasks]
+        longest = max(len(r) for r in rows)
+        padded = torch.stack([torch.cat([r, r[:1].expand(longest - len(r))]) for r in rows])
+        weights = torch.stack([torch.arange(longest, device=padded.device) < len(r) for r in rows])
+        task = self.client_tasks[0]
+        return task.train_x[padded], task.train_y[padded], weights.to(task.train_x.dtype)
+
+    def loss_and_grad(self, params: Tensor, batch: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        grads, losses = self.per_client_grad(params, *batch)
+        return losses.detach(), grads
+
+    def _loss(self, flat: Tensor, inputs: Tensor, targets: Tensor, weights: Tensor) -> Tensor:
+        named, offset = {}, 0
+        for name, shape, size in self.shapes:
+            named[name] = flat[offset:offset + size].view(shape)
+            offset += size
+        losses = F.cross_entropy(functional_call(self.model.module, named, (inputs,)), targets, reduction="none")
+        return (losses * weights).sum() / weights.sum()

@@ -1,0 +1,74 @@
+"""The bench's plumbing: the plain loop trains exactly rayfed's model (so timing one against the
+other compares like with like), and `rayfed bench` reports, or rejects bad input up front."""
+import json
+
+import pytest
+import torch
+
+import rayfed
+from rayfed.bench.plain_loop import PlainFedAvg
+from rayfed.bench.runner import bench
+from rayfed.bench.workloads import workload_config
+from rayfed.cli import main
+from rayfed.data import load_dataset, make_partition
+
+SMALL = ["data.num_clients=40", "train.clients_per_round=6"]
+
+
+def plain_params(config):
+    data = config.data
+    dataset = load_dataset(data.dataset, seed=config.seed, num_clients=data.num_clients,
+                           synthetic_max_samples=data.synthetic_max_samples)
+    partition = make_partition(data.partition, dataset.train_y, dataset.num_classes, data.num_clients, config.seed,
+                               alpha=data.alpha, natural=dataset.natural_partition)
+    loop = PlainFedAvg(config, dataset, partition)
+    for round in range(config.train.rounds):
+        assert loop.run_round(round) > 0
+    buffers = torch.cat([b.reshape(-1) for b in loop.global_buffers]) if loop.global_buffers else torch.zeros(0)
+    return loop.params(), buffers
+
+
+@pytest.mark.parametrize("workload, engine", [("tiny", ["engine.backend=local"]),
+                                              ("tiny", ["engine.backend=ray", "engine.num_workers=2"]),
+                                              # BatchNorm statistics and dropout streams
+                                              ("lenet", ["engine.backend=local", "train.local_steps=2"])])
+def test_plain_loop_trains_bitwise_the_model_rayfed_trains(tmp_path, ray_cluster, workload, engine):
+    config = workload_config(workload, 3, [*SMALL, *engine])
+    result = rayfed.run(config, run_dir=tmp_path / "run", progress=False)
+    params, buffers = plain_params(config)
+    assert torch.equal(params, result.params)
+    assert torch.equal(buffers, result.buffers)
+    assert (buffers.numel() > 0) == (workload == "lenet")
+
+
+def test_bench_reports_ratios_phases_and_memory(tmp_path):
+    results = bench(["tiny"], ["local"], rounds=6, repeats=1, overrides=SMALL, report=lambda table: None)
+    rows = results["workloads"]["tiny"]
+    assert set(rows) >= {"plain", "local", "description"}
+    local = rows["local"]
+    assert local["max_abs_diff_vs_plain"] == 0.0
+    assert local["vs_plain"] == pytest.approx(local["round_s"] / rows["plain"]["round_s"])
+    assert set(local["phases_s"]) == {"sample", "broadcast", "train", "upload", "server_step", "eval", "other"}
+    assert local["phases_s"]["train"] > 0 and local["peak_rss_bytes"] > 2**20
+    # 6 of 40 clients per round, each downloading and uploading the 610-float model
+    assert local["bytes_per_round"] == 6 * 2 * 610 * 4
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["bench", "tinyy"], "unknown workload 'tinyy'"),
+    (["bench", "tiny", "--engines", "local,rya"], "unknown engine 'rya'"),
+    (["bench", "tiny", "--rounds", "3"], "--rounds=3 must be at least"),
+    (["bench", "tiny", "train.roundz=3"], "train.roundz"),
+    (["bench", "tiny", "--json", "/nonexistent/dir/out.json"], "does not exist"),
+])
+def test_bad_bench_arguments_fail_with_one_line_before_any_work(tmp_path, capsys, arguments, message):
+    assert main(arguments) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and message in error[0]
+
+
+def test_bench_writes_its_table_as_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "tiny", *SMALL, "--engines", "local", "--rounds", "5", "--json", str(out)]) == 0
+    assert "vs plain" in capsys.readouterr().out
+    assert json.loads(out.read_text())["workloads"]["tiny"]["local"]["rounds_per_s"] > 0
