@@ -4,7 +4,6 @@ trains sequentially."""
 import pytest
 import torch
 
-import rayfed
 from rayfed.engine.worker import assign_to_workers
 from tests.test_engine_equivalence import assert_same_run, run
 

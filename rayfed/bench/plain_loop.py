@@ -33,6 +33,7 @@ class PlainFedAvg:
         self.global_params = [p.detach().clone() for p in self.model.parameters()]
         # BatchNorm running statistics: averaged weighted by sample counts, as rayfed does (spec A8).
         self.global_buffers = [b.clone() for b in self.model.buffers() if b.is_floating_point()]
+        self.has_dropout = any(isinstance(layer, torch.nn.Dropout) for layer in self.model.modules())
 
     def run_round(self, round: int) -> float:
         """Trains round `round` (0-based) and returns its wall time in seconds."""
@@ -62,7 +63,9 @@ class PlainFedAvg:
             for local, start in zip([*self.model.parameters(), *self._float_buffers()],
                                     [*self.global_params, *self.global_buffers]):
                 local.copy_(start)
-        torch.manual_seed(derive_seed(self.config.seed, Purpose.DROPOUT, round, client_id))
+        if self.has_dropout:
+            # The CPU generator alone: torch.manual_seed also queues seeding of every accelerator backend.
+            torch.default_generator.manual_seed(derive_seed(self.config.seed, Purpose.DROPOUT, round, client_id))
         samples = torch.from_numpy(self.partition.client(client_id))
         generator = torch_generator(self.config.seed, Purpose.BATCHES, round, client_id)
         batch_size = min(self.config.train.batch_size, len(samples))

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
+from torch.nn.utils.rnn import pad_sequence
 
 from rayfed.algorithms.base import Algorithm
 from rayfed.models import FlatModel
@@ -51,9 +52,9 @@ class ClientBatchTask:
         """Every client's next minibatch, padded to the longest with weight-0 rows: clients whose
         sample counts leave a shorter last batch of an epoch still train on exactly their own rows."""
         rows = [task.next_rows() for task in self.client_tasks]
-        longest = max(len(r) for r in rows)
-        padded = torch.stack([torch.cat([r, r[:1].expand(longest - len(r))]) for r in rows])
-        weights = torch.stack([torch.arange(longest, device=padded.device) < len(r) for r in rows])
+        padded = pad_sequence(rows, batch_first=True)       # padding: row 0 of the dataset, weighted 0
+        lengths = torch.tensor([r.shape[0] for r in rows], device=padded.device)
+        weights = torch.arange(padded.shape[1], device=padded.device) < lengths[:, None]
         task = self.client_tasks[0]
         return task.train_x[padded], task.train_y[padded], weights.to(task.train_x.dtype)
 

@@ -61,11 +61,12 @@ class ClientTask:
         A trailing batch of one sample is skipped: BatchNorm cannot train on it (spec A27)."""
         remaining = self.num_samples - self.position
         if remaining == 0 or (remaining == 1 and self.num_samples > 1):
-            self.order = torch.randperm(self.num_samples, generator=self.generator)
+            self.order = torch.randperm(self.num_samples, generator=self.generator).to(self.sample_indices.device)
             self.position = 0
-        chosen = self.order[self.position:self.position + self.batch_size]
-        self.position += len(chosen)
-        return self.sample_indices[chosen.to(self.sample_indices.device)]
+        stop = min(self.position + self.batch_size, self.num_samples)
+        chosen = self.order[self.position:stop]
+        self.position = stop
+        return self.sample_indices[chosen]
 
     def loss_and_grad(self, params: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
         if params is self.model.params:
