@@ -72,6 +72,7 @@ def resume(run_dir: str | Path, progress: bool = True) -> Result:
 
 def _execute(config: Config, run_dir: Path | None, progress: bool, started: float,
              checkpoint: dict | None = None, history: list[dict] | None = None) -> Result:
+    data_started = time.perf_counter()
     client_systems = make_client_systems(config)
     data = config.data
     dataset = load_dataset(data.dataset, root=data.root, download=data.download, seed=config.seed,
@@ -80,7 +81,7 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
     partition = make_partition(data.partition, dataset.train_y, dataset.num_classes, data.num_clients,
                                config.seed, alpha=data.alpha, shards_per_client=data.shards_per_client,
                                natural=dataset.natural_partition)
-    data_time_s = time.perf_counter() - started
+    data_time_s = time.perf_counter() - data_started
     config = _without_unsupported_vectorize(config, dataset)
     engine = make_engine(config, dataset, partition, client_systems)
     history = list(history or [])

@@ -1,4 +1,4 @@
-"""`rayfed run [CONFIG.yaml] [key=value ...] [--out DIR]` and `rayfed config ...`."""
+"""`rayfed run [CONFIG.yaml] [key=value ...] [--out DIR]`, `rayfed config ...` and `rayfed bench ...`."""
 from __future__ import annotations
 
 import argparse

@@ -5,8 +5,11 @@ import pytest
 import torchvision.datasets
 
 from rayfed.data import DATASETS, class_histogram, load_dataset, make_partition, missing_files
+from rayfed.config import load_config
+from rayfed.data import datasets
 from rayfed.data.datasets import required_files
 from rayfed.errors import ConfigError
+from rayfed.seeding import Purpose, numpy_rng
 from tests.dataset_files import (IDX_NAMES, NUM_TEST, NUM_TRAIN, write_cifar10, write_cifar_batch,
                                  write_idx_dataset)
 
@@ -221,3 +224,48 @@ def test_synthetic_clients_are_heterogeneous(synthetic):
 def test_synthetic_rejects_bad_parameters(kwargs, key):
     with pytest.raises(ConfigError, match=key):
         load_dataset("synthetic", **kwargs)
+
+
+def fedprox_per_client_loop(seed, num_clients, max_samples):
+    """Synthetic as FedProx's generate_synthetic.py draws it, one client after another: the
+    reference the chunked generator must reproduce bit for bit."""
+    rng = numpy_rng(seed, Purpose.SYNTHETIC_DATA)
+    sizes = np.minimum(rng.lognormal(4, 2, num_clients).astype(np.int64) + 50, max_samples)
+    weight_means = rng.normal(0, 1.0, num_clients)
+    centres = rng.normal(0, 1.0, num_clients)
+    feature_means = rng.normal(centres[:, np.newaxis], 1, (num_clients, 60))
+    stds = np.arange(1, 61, dtype=np.float64) ** -0.6
+    train_x, train_y, test_x, test_y = [], [], [], []
+    for client in range(num_clients):
+        weights = rng.normal(weight_means[client], 1, (60, 10))
+        bias = rng.normal(weight_means[client], 1, 10)
+        features = feature_means[client] + rng.standard_normal((sizes[client], 60)) * stds
+        labels = np.argmax(features @ weights + bias, axis=1)
+        cut = int(0.9 * sizes[client])
+        train_x.append(features[:cut]), train_y.append(labels[:cut])
+        test_x.append(features[cut:]), test_y.append(labels[cut:])
+    return [np.concatenate(arrays) for arrays in (train_x, train_y, test_x, test_y)]
+
+
+@pytest.mark.parametrize("chunk_samples", [1, 500, 20_000])
+def test_chunked_synthetic_draws_what_the_per_client_loop_draws(monkeypatch, chunk_samples):
+    monkeypatch.setattr(datasets, "SYNTHETIC_CHUNK_SAMPLES", chunk_samples)
+    dataset = load_dataset("synthetic", seed=3, num_clients=25, synthetic_max_samples=300)
+    train_x, train_y, test_x, test_y = fedprox_per_client_loop(3, 25, 300)
+    np.testing.assert_array_equal(dataset.train_x, train_x.astype(np.float32))
+    np.testing.assert_array_equal(dataset.train_y, train_y)
+    np.testing.assert_array_equal(dataset.test_x, test_x.astype(np.float32))
+    np.testing.assert_array_equal(dataset.test_y, test_y)
+    assert dataset.natural_partition.sizes.max() == int(0.9 * 300)
+
+
+def test_synthetic_max_samples_is_validated():
+    with pytest.raises(ConfigError, match="data.synthetic_max_samples=1 must be >= 2"):
+        load_config(None, ["data.synthetic_max_samples=1"])
+
+
+def test_cifar10_random_is_shaped_like_cifar10():
+    dataset = load_dataset("cifar10_random", seed=0)
+    assert dataset.train_x.shape == (50_000, 3, 32, 32) and dataset.test_x.shape == (10_000, 3, 32, 32)
+    assert dataset.train_x.dtype == np.float32 and set(np.unique(dataset.train_y)) == set(range(10))
+    assert abs(float(dataset.train_x[:1000].std()) - 1.0) < 0.01

@@ -25,7 +25,6 @@ def test_vectorized_clients_match_sequential_training(tmp_path, algorithm):
     torch.testing.assert_close(vectorized.params, sequential.params, rtol=RTOL, atol=ATOL)
     for seq_round, vec_round in zip(sequential.history, vectorized.history):
         assert vec_round["train_loss"] == pytest.approx(seq_round["train_loss"], rel=RTOL)
-        assert vec_round["bytes_up"] == seq_round["bytes_up"]
 
 
 def test_vectorized_ray_workers_match_the_local_engine(tmp_path, ray_cluster):

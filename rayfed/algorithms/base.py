@@ -107,7 +107,7 @@ def weighted_average(uploads: dict[int, Upload], name: str, weighting: str) -> T
 
 
 def local_sgd(task: ClientTask, start: Tensor, steps: int, lr: float,
-              prox_mu: float = 0.0, prox_center: Tensor | None = None) -> tuple[Tensor, float]:
+              prox_mu: float = 0.0, prox_center: Tensor | None = None) -> tuple[Tensor, float | Tensor]:
     """`steps` plain SGD steps from `start`, optionally on the FedProx objective
     F_i(w) + mu/2 ||w - prox_center||^2. Returns the final iterate (the resident model's
     vector, updated in place) and the mean minibatch loss over the steps. With a stack of clients

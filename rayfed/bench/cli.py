@@ -30,10 +30,6 @@ def bench_command(items: list[str], engines: str, rounds: int, repeats: int, jso
     if not out.parent.is_dir():
         raise ConfigError(f"--json {out}: directory {out.parent} does not exist")
     results = bench(workloads, engine_names, rounds, repeats, overrides, report=lambda table: print(table + "\n"))
-    for workload in results["workloads"].values():
-        for row in workload.values():
-            if isinstance(row, dict):
-                row.pop("params", None)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"written to {out}")
     return 0

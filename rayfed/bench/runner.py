@@ -67,7 +67,7 @@ def measure_engine(workload: str, rounds: int, overrides: list[str]) -> dict:
     return {"round_s": _steady_median(walls), "startup_s": summary["startup_time_s"], "data_s": summary["data_time_s"],
             "peak_rss_bytes": summary["peak_rss_bytes"], "phases_s": phases,
             "bytes_per_round": statistics.mean(m["bytes_up"] + m["bytes_down"] for m in history),
-            "params": result.params}
+            "vectorized": summary["vectorized"], "params": result.params.cpu()}
 
 
 def _steady_median(per_round: list[float]) -> float:
@@ -114,6 +114,7 @@ def _reduce(runs: dict[str, list[dict]]) -> dict:
         row["vs_plain"] = row["round_s"] / plain_round_s
         row["max_abs_diff_vs_plain"] = max(float((run["params"] - reference).abs().max()) for run in measured)
         if name != "plain":
+            row["vectorized"] = all(run["vectorized"] for run in measured)
             row["phases_s"] = {phase: statistics.median(run["phases_s"][phase] for run in measured)
                                for phase in measured[0]["phases_s"]}
             row["bytes_per_round"] = measured[0]["bytes_per_round"]
@@ -135,4 +136,7 @@ def format_table(workload: str, table: dict) -> str:
         else:
             line += " " * 9 * (len(phases) + 1)
         lines.append(line + f"{row['max_abs_diff_vs_plain']:>9.1e}")
+    for name, row in table.items():
+        if name.endswith("_vec") and not row["vectorized"]:
+            lines.append(f"{name}: the model or algorithm cannot be vectorised; it trained clients one after another")
     return "\n".join(lines)

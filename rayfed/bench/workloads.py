@@ -24,9 +24,20 @@ DESCRIPTIONS = {
 }
 
 
+# What an override may change: the plain loop is FedAvg with every client always online, so
+# anything else (another algorithm, availability, round policies) would time two different programs.
+OVERRIDABLE = ("seed", "data.", "model.", "algorithm.lr_local", "algorithm.lr_global", "train.clients_per_round",
+               "train.local_steps", "train.batch_size", "engine.")
+
+
 def workload_config(name: str, rounds: int, overrides: list[str] = ()) -> Config:
     """FedAvg on workload `name` for `rounds` rounds, evaluated after the last one."""
     if name not in WORKLOADS:
         raise ConfigError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
-    return load_config(None, ["algorithm.name=fedavg", "algorithm.lr_local=0.05", *WORKLOADS[name],
-                              f"train.rounds={rounds}", f"train.eval_every={rounds}", *overrides])
+    for override in overrides:
+        key = override.split("=", 1)[0]
+        if not any(key == allowed or (allowed.endswith(".") and key.startswith(allowed)) for allowed in OVERRIDABLE):
+            raise ConfigError(f"bench: {key} cannot be overridden: the plain loop it is timed against is FedAvg "
+                              f"with every client online (overridable: {', '.join(OVERRIDABLE)})")
+    return load_config(None, ["algorithm.name=fedavg", "algorithm.lr_local=0.05", *WORKLOADS[name], *overrides,
+                              f"train.rounds={rounds}", f"train.eval_every={rounds}"])

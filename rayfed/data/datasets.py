@@ -247,7 +247,7 @@ def _generate_synthetic(seed: int, num_clients: int, alpha: float, beta: float, 
     train_offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(train_sizes)])
     test_offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(sizes - train_sizes)])
     # Filled in place, a chunk of clients at a time: per-client float64 blocks would take several
-    # times the final arrays' memory, and a Python loop over clients too long at 100k of them.
+    # times the final arrays' memory, and one random draw per client too long at 100k of them.
     train_x = np.empty((train_offsets[-1], SYNTHETIC_DIMENSION), dtype=np.float32)
     train_y = np.empty(train_offsets[-1], dtype=np.int64)
     test_x = np.empty((test_offsets[-1], SYNTHETIC_DIMENSION), dtype=np.float32)
@@ -275,6 +275,7 @@ def _generate_synthetic(seed: int, num_clients: int, alpha: float, beta: float, 
         owner = np.repeat(np.arange(stop - first), sizes[chunk])
         features = feature_means[chunk][owner] + standard[is_noise].reshape(-1, SYNTHETIC_DIMENSION) * feature_stds
         # softmax is monotone, so FedProx's argmax(softmax(.)) is the argmax of the logits
+        # One product per client, as FedProx computes it: the same BLAS call shapes, so the same bits.
         logits = np.empty((len(owner), SYNTHETIC_CLASSES))
         for client, rows in enumerate(zip(sample_offsets[chunk] - sample_offsets[first],
                                           sample_offsets[first + 1:stop + 1] - sample_offsets[first])):

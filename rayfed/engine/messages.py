@@ -65,6 +65,16 @@ class WorkerResult:
                    tensors={name: torch.stack([r.upload.tensors[name] for r in results]) for name in names},
                    buffers=torch.stack([r.buffers for r in results]))
 
+    @classmethod
+    def from_stacked(cls, client_ids: list[int], upload: Upload, buffers: Tensor) -> "WorkerResult":
+        """From a vectorised upload (tensors and metrics stacked over `client_ids`); every client
+        keeps the broadcast's buffers, since vectorised models have no BatchNorm statistics."""
+        metrics = {name: values.tolist() for name, values in upload.metrics.items()}
+        return cls(client_ids=list(client_ids), num_samples=list(upload.num_samples),
+                   metrics=[{name: values[row] for name, values in metrics.items()} for row in range(len(client_ids))],
+                   tensors={name: stacked.cpu() for name, stacked in upload.tensors.items()},
+                   buffers=buffers.cpu().expand(len(client_ids), -1).clone())
+
     def to(self, device: torch.device) -> "WorkerResult":
         return WorkerResult(self.client_ids, self.num_samples, self.metrics,
                             {name: stacked.to(device) for name, stacked in self.tensors.items()},

@@ -13,6 +13,7 @@ def peak_rss() -> tuple[int, int]:
 
 
 def total_peak_rss(peaks: list[tuple[int, int]]) -> int:
-    """The sum over distinct processes: an upper bound on the run's peak, since processes peak at
-    different times and shared pages (Ray's object store) count once per process that reads them."""
+    """The sum over distinct rayfed processes (not Ray's own daemons). Processes peak at different
+    times and shared pages (Ray's object store) count once per process that touches them, so this
+    overstates their joint peak."""
     return sum(dict(peaks).values())

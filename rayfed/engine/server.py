@@ -143,7 +143,9 @@ class Server:
         timings = [packed.timing for packed in worker_results if packed.timing is not None]
         metrics["phase_s"] = {
             "sample": self.sample_s,
-            "broadcast": max((t.started_at for t in timings), default=self.broadcast_sent_at) - self.broadcast_sent_at,
+            # differences of time.time() between processes: meaningful on one machine
+            "broadcast": max(0.0, max((t.started_at for t in timings), default=self.broadcast_sent_at)
+                             - self.broadcast_sent_at),
             "train": max((t.train_s for t in timings), default=0.0),
             # packing on the slowest worker, the hand-over to this process, unpacking here
             "upload": (max((t.pack_s for t in timings), default=0.0) + unpack_s +

@@ -20,7 +20,7 @@ from rayfed.models import FlatModel
 
 # Layers whose behaviour couples a client's samples or draws randomness: vmap cannot keep
 # per-client BatchNorm statistics or reproduce each client's dropout stream.
-_UNVECTORIZABLE_LAYERS = (nn.modules.batchnorm._BatchNorm, nn.Dropout)
+_UNVECTORIZABLE_LAYERS = (nn.modules.batchnorm._NormBase, nn.modules.dropout._DropoutNd)
 
 
 def vectorize_blocker(algorithm_name: str, algorithm: Algorithm, module: nn.Module) -> str | None:

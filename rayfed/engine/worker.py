@@ -1,4 +1,5 @@
-"""ClientWorker: hosts a fixed shard of clients and trains the sampled ones with one resident model."""
+"""ClientWorker: holds the state of a fixed shard of clients and trains the clients it is given
+with one resident model (one after another, or as one batch with engine.vectorize)."""
 from __future__ import annotations
 
 import os
@@ -10,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rayfed.algorithms.base import Batch
+from rayfed.algorithms.base import Batch, Upload
 from rayfed.algorithms.registry import build_algorithm
 from rayfed.config import Config, parse_fault
 from rayfed.data.partition import Partition
@@ -81,8 +82,8 @@ class ClientTask:
 
 
 class ClientWorker:
-    """Hosts the clients `worker_index, worker_index + num_workers, ...`: their sample indices,
-    their persistent algorithm state, and one resident model that trains them one after another."""
+    """Holds the persistent algorithm state of the clients `worker_index, worker_index + num_workers, ...`
+    (which always train here) and one resident model; stateless clients may train on any worker."""
 
     def __init__(self, config: Config, train_data: tuple[np.ndarray, np.ndarray], partition: Partition,
                  input_shape: tuple[int, ...], num_classes: int, worker_index: int = 0, num_workers: int = 1):
@@ -113,8 +114,9 @@ class ClientWorker:
         tensors = {name: t.to(self.device) for name, t in down.tensors.items()}
         buffers = down.buffers.to(self.device)
         if self.config.engine.vectorize:
-            packed = self._train_clients_together(round, client_ids, tensors, buffers)
+            upload = self._train_clients_together(round, client_ids, tensors)
             trained = time.perf_counter()
+            packed = WorkerResult.from_stacked(client_ids, upload, buffers)
         else:
             results = [self._train_client(round, client_id, tensors, buffers) for client_id in client_ids]
             trained = time.perf_counter()
@@ -138,18 +140,12 @@ class ClientWorker:
         upload.tensors = {name: t.cpu() for name, t in upload.tensors.items()}
         return ClientResult(client_id, upload, self.model.buffers.cpu().clone())
 
-    def _train_clients_together(self, round: int, client_ids: list[int], tensors: dict[str, Tensor],
-                                buffers: Tensor) -> WorkerResult:
+    def _train_clients_together(self, round: int, client_ids: list[int], tensors: dict[str, Tensor]) -> Upload:
         """engine.vectorize: one batched local training for all of `client_ids` (stateless
-        algorithms on models without BatchNorm or dropout, checked before the run starts)."""
+        algorithms on models without BatchNorm or dropout, checked before the run starts).
+        The upload's tensors and metrics are stacked in `client_ids` order."""
         task = ClientBatchTask(self.model, [self._client_task(round, client_id) for client_id in client_ids])
-        upload, _ = self.algorithm.client_train(task, tensors, None)
-        per_client_metrics = {name: value.tolist() for name, value in upload.metrics.items()}
-        return WorkerResult(client_ids=list(client_ids), num_samples=upload.num_samples,
-                            metrics=[{name: values[row] for name, values in per_client_metrics.items()}
-                                     for row in range(len(client_ids))],
-                            tensors={name: stacked.cpu() for name, stacked in upload.tensors.items()},
-                            buffers=buffers.cpu().expand(len(client_ids), -1).clone())
+        return self.algorithm.client_train(task, tensors, None)[0]
 
     def _client_task(self, round: int, client_id: int) -> ClientTask:
         return ClientTask(self.model, self.train_x, self.train_y,
@@ -192,7 +188,8 @@ def client_owner(client_id: int, num_workers: int) -> int:
 def assign_to_workers(client_ids: list[int], num_workers: int, clients_keep_state: bool) -> dict[int, list[int]]:
     """Which worker trains which of the round's clients. Clients with state train where it lives;
     stateless ones are dealt out in id order, so the workers' shares differ by at most one client
-    and no worker waits on a busier one. Results do not depend on where a client trains."""
+    and no worker waits on a busier one. Sequential training gives the same bits wherever a client
+    trains; with engine.vectorize, the grouping changes results within floating-point tolerance."""
     per_worker: dict[int, list[int]] = {}
     for position, client_id in enumerate(sorted(client_ids)):
         worker = client_owner(client_id if clients_keep_state else position, num_workers)
