@@ -15,7 +15,7 @@ from torch import Tensor
 from rayfed.algorithms.registry import build_algorithm
 from rayfed.checkpoint import load_checkpoint, recover_workers, restore_checkpoint, save_checkpoint
 from rayfed.config import Config, load_config, resolve
-from rayfed.data import class_histogram, load_dataset, make_partition, write_histogram_csv
+from rayfed.data import Dataset, Partition, class_histogram, load_dataset, make_partition, write_histogram_csv
 from rayfed.engine import make_engine, run_rounds
 from rayfed.engine.process_memory import peak_rss, total_peak_rss
 from rayfed.engine.vectorized import vectorize_blocker
@@ -70,10 +70,8 @@ def resume(run_dir: str | Path, progress: bool = True) -> Result:
     return _execute(config, run_dir, progress, started, checkpoint=checkpoint, history=history)
 
 
-def _execute(config: Config, run_dir: Path | None, progress: bool, started: float,
-             checkpoint: dict | None = None, history: list[dict] | None = None) -> Result:
-    data_started = time.perf_counter()
-    client_systems = make_client_systems(config)
+def load_data(config: Config) -> tuple[Dataset, Partition]:
+    """The run's dataset and its split among the clients, as `config` and its seed define them."""
     data = config.data
     dataset = load_dataset(data.dataset, root=data.root, download=data.download, seed=config.seed,
                            num_clients=data.num_clients, synthetic_alpha=data.synthetic_alpha,
@@ -81,6 +79,14 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
     partition = make_partition(data.partition, dataset.train_y, dataset.num_classes, data.num_clients,
                                config.seed, alpha=data.alpha, shards_per_client=data.shards_per_client,
                                natural=dataset.natural_partition)
+    return dataset, partition
+
+
+def _execute(config: Config, run_dir: Path | None, progress: bool, started: float,
+             checkpoint: dict | None = None, history: list[dict] | None = None) -> Result:
+    data_started = time.perf_counter()
+    client_systems = make_client_systems(config)
+    dataset, partition = load_data(config)
     data_time_s = time.perf_counter() - data_started
     config = _without_unsupported_vectorize(config, dataset)
     engine = make_engine(config, dataset, partition, client_systems)

@@ -6,22 +6,17 @@ import pytest
 import torch
 
 import rayfed
+from rayfed.api import load_data
 from rayfed.bench.plain_loop import PlainFedAvg
 from rayfed.bench.runner import bench
 from rayfed.bench.workloads import workload_config
 from rayfed.cli import main
-from rayfed.data import load_dataset, make_partition
 
 SMALL = ["data.num_clients=40", "train.clients_per_round=6"]
 
 
 def plain_params(config):
-    data = config.data
-    dataset = load_dataset(data.dataset, seed=config.seed, num_clients=data.num_clients,
-                           synthetic_max_samples=data.synthetic_max_samples)
-    partition = make_partition(data.partition, dataset.train_y, dataset.num_classes, data.num_clients, config.seed,
-                               alpha=data.alpha, natural=dataset.natural_partition)
-    loop = PlainFedAvg(config, dataset, partition)
+    loop = PlainFedAvg(config, *load_data(config))
     for round in range(config.train.rounds):
         loop.run_round(round)
     buffers = torch.cat([b.reshape(-1) for b in loop.global_buffers]) if loop.global_buffers else torch.zeros(0)

@@ -32,17 +32,11 @@ ENGINES = {
 
 def measure_plain(workload: str, rounds: int, overrides: list[str]) -> dict:
     """The plain loop on `workload`; runs in its own process."""
+    from rayfed.api import load_data
     from rayfed.bench.plain_loop import PlainFedAvg
-    from rayfed.data import load_dataset, make_partition
     started = time.perf_counter()
     config = workload_config(workload, rounds, overrides)
-    data = config.data
-    dataset = load_dataset(data.dataset, seed=config.seed, num_clients=data.num_clients,
-                           synthetic_alpha=data.synthetic_alpha, synthetic_beta=data.synthetic_beta,
-                           synthetic_max_samples=data.synthetic_max_samples)
-    partition = make_partition(data.partition, dataset.train_y, dataset.num_classes, data.num_clients, config.seed,
-                               alpha=data.alpha, shards_per_client=data.shards_per_client,
-                               natural=dataset.natural_partition)
+    dataset, partition = load_data(config)
     data_time_s = time.perf_counter() - started
     loop = PlainFedAvg(config, dataset, partition)
     startup_s = time.perf_counter() - started
