@@ -118,8 +118,8 @@ def _reduce(runs: dict[str, list[dict]]) -> dict:
 
 def format_table(workload: str, table: dict) -> str:
     phases = (*PHASES, "other")
-    header = (f"{'':<10}{'s/round':>9}{'rounds/s':>9}{'vs plain':>9}{'startup':>9}{'(data)':>8}{'peak MB':>9}"
-              + "".join(f"{phase[:8]:>9}" for phase in phases) + f"{'MB/round':>9}{'max|dw|':>9}")
+    header = (f"{'':<10}{'s/round':>9}{'rounds/s':>9}{'vs plain':>9}{'startup':>9}{'(data)':>8}{'peak MiB':>9}"
+              + "".join(f"{phase[:8]:>9}" for phase in phases) + f"{'MiB/rnd':>9}{'max|dw|':>9}")
     lines = [f"{workload}: {DESCRIPTIONS[workload]}", header]
     for name, row in table.items():
         line = (f"{name:<10}{row['round_s']:>9.4f}{row['rounds_per_s']:>9.1f}{row['vs_plain']:>8.2f}x"
