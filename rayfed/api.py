@@ -84,8 +84,8 @@ def load_data(config: Config) -> tuple[Dataset, Partition]:
 
 def _execute(config: Config, run_dir: Path | None, progress: bool, started: float,
              checkpoint: dict | None = None, history: list[dict] | None = None) -> Result:
-    data_started = time.perf_counter()
     client_systems = make_client_systems(config)
+    data_started = time.perf_counter()
     dataset, partition = load_data(config)
     data_time_s = time.perf_counter() - data_started
     config = _without_unsupported_vectorize(config, dataset)

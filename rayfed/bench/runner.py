@@ -41,7 +41,8 @@ def measure_plain(workload: str, rounds: int, overrides: list[str]) -> dict:
     loop = PlainFedAvg(config, dataset, partition)
     startup_s = time.perf_counter() - started
     round_s = [loop.run_round(round) for round in range(rounds)]
-    return {"round_s": _steady_median(round_s + [0.0]), "startup_s": startup_s, "data_s": data_time_s,
+    # The same rounds as rayfed's medians, although the plain loop's last round does not evaluate.
+    return {"round_s": _steady_median(round_s), "startup_s": startup_s, "data_s": data_time_s,
             "peak_rss_bytes": peak_rss()[1], "params": loop.params()}
 
 
