@@ -29,7 +29,6 @@ from rayfed.numerics import block_dot64, combine64
 
 SOLVERS = ("auto", "cvxopt", "enum")
 ENUM_MAX_ROWS = 3         # 2^C supports per QP: cheap for the worker's three constraints only
-ZERO_ROW = 1e-20          # relative squared norm under which a row is a trivially met constraint (§2.5 step 3)
 ENUM_TOL = 1e-12          # KKT slack accepted by the enumeration, relative to the normalised problem
 ENUM_FALLBACK_TOL = 1e-6  # worst KKT violation still usable when rounding leaves no support within ENUM_TOL
 ZERO_OUTPUT = 1e-6        # ||ptilde|| / ||p|| under which ptilde counts as 0 for min_cosine (§7's tolerance)
@@ -81,7 +80,8 @@ def cone_project_blocks(p: Tensor, M: Tensor, blocks: Sequence[tuple[int, int]],
 
     row_norms2 = gram.diagonal(dim1=1, dim2=2)
     keep = _kept_rows(row_norms2)
-    b_margin = b - margin * (p_dots[:, None] * row_norms2).sqrt()
+    # Square roots before the product: ||p||^2 ||M_j||^2 can leave the float64 range where each factor does not.
+    b_margin = b - margin * p_dots.sqrt()[:, None] * row_norms2.sqrt()
     violated = (keep & (b_margin < 0)).any(1)
 
     z = _solve_batch(gram, b_margin, keep, ridge, solver)
@@ -109,7 +109,7 @@ def cone_project_blocks(p: Tensor, M: Tensor, blocks: Sequence[tuple[int, int]],
     # A ptilde that is zero up to rounding (p in the polar cone, or a tiny block squeezed between
     # opposite rows) has no meaningful direction: its cosines would be rounding noise of either sign.
     valid = keep & ~failed[:, None] & (out_norms2 > ZERO_OUTPUT ** 2 * p_dots)[:, None]
-    cosines = inner / (out_norms2[:, None] * row_norms2).sqrt()
+    cosines = inner / out_norms2.sqrt()[:, None] / row_norms2.sqrt()
     lowest_cosine = torch.where(valid, cosines, math.inf).amin()
     # Blocks that failed on non-finite input keep their non-finite p; anything else non-finite is
     # an overflow of a corrected block's cast back to p's dtype.
@@ -126,7 +126,7 @@ def cone_project_blocks(p: Tensor, M: Tensor, blocks: Sequence[tuple[int, int]],
 def solve_dual(gram: Tensor, b: Tensor, *, ridge: float = 1e-10, solver: str = "auto") -> tuple[Tensor, bool]:
     """z >= 0 minimising 1/2 z^T Q z + b^T z in float64, for Q = gram plus a ridge of `ridge` times
     each row's squared norm (the spec's trace(Q)/C ridge after normalising rows to unit norm).
-    Rows of (relatively) zero norm are dropped as in cone_project and get z_j = 0. Returns
+    Zero rows are dropped as in cone_project and get z_j = 0. Returns
     (z, failed); a failed z is all nan."""
     _check_solver(solver, gram.shape[0])
     gram = gram.to(torch.float64)[None]
@@ -136,9 +136,14 @@ def solve_dual(gram: Tensor, b: Tensor, *, ridge: float = 1e-10, solver: str = "
 
 
 def _kept_rows(row_norms2: Tensor) -> Tensor:
-    """(B, C) mask of the rows that are real constraints: zero rows (a3 at tau = 0, the memory of
-    unsampled workers when beta_2 = 0) are trivially met and would make Q singular."""
-    return row_norms2 > ZERO_ROW * row_norms2.amax(1, keepdim=True).clamp(min=1.0)
+    """(B, C) mask of the rows that are real constraints (§2.5 step 3): zero rows (a3 at tau = 0,
+    the memory of unsampled workers when beta_2 = 0) are trivially met and would make Q singular.
+    No floor relative to the other rows: <v, M_j> >= 0 does not depend on ||M_j||, and a memory
+    row decayed by beta_2^k is tiny yet still binding (§2.1's invariance to rescaling a row).
+    The squared norms are float64, so a nonzero float32 row has one of at least 2e-90; only float64
+    rows shorter than about 1e-154 underflow to zero rows. cone_project fails a block with a
+    non-finite row before this (§2.5 step 9)."""
+    return row_norms2 > 0
 
 
 def _solve_batch(gram: Tensor, b: Tensor, keep: Tensor, ridge: float, solver: str) -> Tensor:
@@ -154,7 +159,8 @@ def _solve_batch(gram: Tensor, b: Tensor, keep: Tensor, ridge: float, solver: st
     norms = gram.diagonal(dim1=1, dim2=2).sqrt()
     norms = torch.where(keep, norms, 1.0)
     both_kept = keep[:, :, None] & keep[:, None, :]
-    Q = torch.where(both_kept, gram / (norms[:, :, None] * norms[:, None, :]), eye) + ridge * eye
+    # One division at a time: n_i n_j of two rows with Q_ii ~ 1e-300 would underflow to 0.
+    Q = torch.where(both_kept, gram / norms[:, :, None] / norms[:, None, :], eye) + ridge * eye
     b = torch.where(keep, b / norms, 0.0)
     b_scale = b.abs().amax(1)
     b_scale = torch.where(b_scale > 0, b_scale, 1.0)

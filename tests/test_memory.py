@@ -187,6 +187,29 @@ def test_incremental_gram_matches_naive(beta2, dtype, rtol, blocks):
     assert evictions > 100
 
 
+@pytest.mark.parametrize("blocks", [None, BLOCKS], ids=["model", "tensor"])
+@pytest.mark.parametrize("beta2", [0.1, 0.9])
+def test_incremental_gram_follows_long_unsampled_rows(beta2, blocks):
+    """Rows left unsampled for 400 rounds. At beta2 = 0.9 they shrink to 5e-19 and the Gram must
+    shrink by the square of the float32 beta2 that multiplies them: beta2^2 itself drifts 2e-5 from
+    the naive Gram, while the rows' own roundings only add up as a random walk (measured up to
+    1.9e-6, on the one-coordinate block). At beta2 = 0.1 they pass through float32's subnormal
+    range, where a decay no longer scales a row by beta2, to zero, and the Gram must follow."""
+    memory = GradientMemory(capacity=4, dim=DIM, beta2=beta2, blocks=blocks)
+    generator = torch.Generator().manual_seed(24)
+    memory.admit([0, 1, 2, 3])
+    memory.update(random_uploads([0, 1, 2, 3], generator))
+    for _ in range(400):
+        memory.admit([0])
+        memory.update(random_uploads([0], generator))
+        assert relative_gram_error(memory.gram, memory.naive_gram()) <= 5e-6
+    stale = [memory.slot_of(client) for client in (1, 2, 3)]
+    if beta2 == 0.1:
+        assert not memory.rows[stale].any() and not memory.gram[..., stale, :].any()
+    else:
+        assert memory.rows[stale].abs().max() < 1e-17 and memory.rows[stale].all()
+
+
 def test_same_calls_give_bitwise_same_state():
     def run():
         memory = GradientMemory(capacity=4, dim=DIM, beta2=0.9, blocks=BLOCKS)

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from rayfed.numerics import dot64
+from rayfed.algorithms.memory import GradientMemory
+from rayfed.numerics import block_dot64, dot64
 from rayfed.qp import cone_project, cone_project_blocks, solve_dual
 
 SEEDS = range(16)
@@ -215,6 +216,121 @@ def test_invariances(seed):
     assert torch.equal(zero, torch.zeros_like(p)) and info.relative_change == 0.0
 
 
+# ---- §2.1 invariance to rescaling rows, whatever their size (§2.5 step 3) ----
+
+RESCALINGS = [1e-30, 1e-20, 1e-12, 1e-6, 1e6, 1e12, 1e20, 1e30]
+# Rescaling is exact up to the rounding of c M and of the output, which the projection's
+# conditioning amplifies. Measured worst cases, relative to ||p||: 6e-16 in float64 (1e-15 on 20
+# other seeds) and 4e-8 in float32, below half an ulp of a float32 output (6e-8); the stale-memory
+# test below, whose reference is float64, reaches 3e-15 and 2.5e-7 (on 10 seeds).
+RESCALING_TOLERANCE = {torch.float64: 1e-13, torch.float32: 1e-6}
+
+
+def project_by(path, p, M, blocks):
+    """The same projection through the worker's path (Gram computed inside), the server's (Gram
+    given), or per block with block Grams given (qp_scope="tensor")."""
+    if path == "direct":
+        return cone_project(p, M)
+    if path == "gram":
+        return cone_project(p, M, gram=dot64(M, M))
+    return cone_project_blocks(p, M, blocks, block_grams=block_dot64(M, M, blocks))
+
+
+@pytest.mark.parametrize("path", ["direct", "gram", "blocks"])
+@pytest.mark.parametrize("rows", [3, 8], ids=["enum", "cvxopt"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_invariant_to_rescaling_rows_by_any_factor(dtype, rows, path):
+    """QP(p, c M) = QP(p, M) for c from 1e-30 to 1e30, and with every row rescaled by its own factor
+    in that range. The rows' norms lie in [1e-2, 1e2], so c M stays within float32's normal range."""
+    blocks = [(0, 25), (25, 26), (26, 60)]
+    rng = np.random.default_rng(rows)
+    for seed in range(4):
+        p, M = instance(1000 + seed, d=60, rows=rows, dtype=dtype)
+        expected, info = project_by(path, p, M, blocks)
+        assert info.active > 0 and not info.failed
+        row_factors = torch.tensor(10.0 ** rng.uniform(-30, 30, size=(rows, 1)), dtype=dtype)
+        for scaled in [c * M for c in RESCALINGS] + [row_factors * M]:
+            ptilde, scaled_info = project_by(path, p, scaled, blocks)
+            assert scaled_info.active == info.active and not scaled_info.failed
+            assert_close(ptilde, expected, RESCALING_TOLERANCE[dtype], p)
+
+
+def stale_memory(ages, dim, dtype, blocks=None, beta2=0.1, seed=0):
+    """A GradMA memory whose client k was last sampled ages[k] rounds ago: its row is its last
+    upload decayed by beta2^ages[k] (1e-30 at age 30 for beta2 = 0.1)."""
+    generator = torch.Generator().manual_seed(seed)
+    memory = GradientMemory(capacity=len(ages), dim=dim, beta2=beta2, blocks=blocks, dtype=dtype)
+    rounds = max(ages) + 1
+    for t in range(rounds):
+        sampled = [client for client, age in enumerate(ages) if t < rounds - age]
+        memory.admit(sampled)
+        memory.update({client: torch.randn(dim, generator=generator, dtype=dtype) for client in sampled})
+    return memory
+
+
+@pytest.mark.parametrize("scope", ["model", "tensor"])
+@pytest.mark.parametrize("ages", [[0, 10, 30], [0, 0, 10, 15, 20, 25, 30, 30]], ids=["enum", "cvxopt"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_stale_memory_rows_stay_binding(dtype, ages, scope):
+    """The server QP against D with its incremental Gram: rows decayed by beta2 = 0.1 over 10 to 30
+    rounds (norms down to 1e-30) that p opposes must still be met, and the projection must equal
+    the one against the same rows un-decayed."""
+    blocks = [(0, 12), (12, 40)]
+    memory = stale_memory(ages, 40, dtype, blocks if scope == "tensor" else None)
+    assert memory.buffered == list(range(len(ages)))
+    D = memory.rows
+    stale = torch.tensor(ages) > 0
+    undecayed = D.double() * (10.0 ** torch.tensor(ages, dtype=torch.float64))[:, None]
+    unit = undecayed / undecayed.norm(dim=1, keepdim=True)
+    p = (0.5 * torch.randn(40, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+         - 2 * unit[stale].sum(0)).to(dtype)
+    # Every stale row is opposed by p, so the old relative floor, which dropped rows under 1e-10
+    # of the largest, let the result keep opposing them.
+    assert (unit[stale] @ p.double() < -0.1 * float(p.double().norm())).all()
+    if scope == "model":
+        ptilde, info = cone_project(p, D, gram=memory.gram)
+        expected, expected_info = cone_project(p.double(), undecayed)
+        inner, row_norms = D.double() @ ptilde.double(), D.double().norm(dim=1)
+    else:
+        ptilde, info = cone_project_blocks(p, D, blocks, block_grams=memory.gram)
+        expected, expected_info = cone_project_blocks(p.double(), undecayed, blocks)
+        inner = torch.stack([D[:, start:stop].double() @ ptilde[start:stop].double() for start, stop in blocks])
+        row_norms = torch.stack([D[:, start:stop].double().norm(dim=1) for start, stop in blocks])
+    assert not info.failed and info.active == expected_info.active > 0
+    assert (inner >= -1e-6 * float(p.double().norm()) * row_norms).all()
+    assert_close(ptilde, expected, RESCALING_TOLERANCE[dtype], p)
+
+
+@pytest.mark.parametrize("blocks", [None, [(0, 7), (7, 8), (8, 40)]], ids=["model", "tensor"])
+def test_memory_rows_decaying_to_zero_leave_no_phantom_constraint(blocks):
+    """Unsampled at beta2 = 0.1, a float32 row turns subnormal after about 38 rounds and zero after
+    about 46; at every stage the server QP with D's incremental Gram must give the projection
+    against the rows D actually holds, feasible for every row."""
+    generator = torch.Generator().manual_seed(3)
+    memory = GradientMemory(capacity=3, dim=40, beta2=0.1, blocks=blocks)
+    memory.admit([0, 1, 2])
+    uploads = {client: torch.randn(40, generator=generator) for client in range(3)}
+    memory.update(uploads)
+    p = torch.randn(40, generator=generator) - 2 * uploads[2] / uploads[2].norm()
+    whole = [(0, 40)]
+    for _ in range(55):
+        memory.admit([0, 1])
+        memory.update({client: torch.randn(40, generator=generator) for client in (0, 1)})
+        D = memory.rows
+        if blocks is None:
+            ptilde, info = cone_project(p, D, gram=memory.gram)
+            expected, _ = cone_project(p, D)
+        else:
+            ptilde, info = cone_project_blocks(p, D, blocks, block_grams=memory.gram)
+            expected, _ = cone_project_blocks(p, D, blocks)
+        assert not info.failed
+        assert_close(ptilde, expected, 1e-6, p)
+        for start, stop in blocks or whole:
+            inner = D[:, start:stop].double() @ ptilde[start:stop].double()
+            assert (inner >= -1e-6 * float(p.double().norm()) * D[:, start:stop].double().norm(dim=1)).all()
+    assert not D[memory.slot_of(2)].any()
+
+
 # ---- check 8: degenerate Gram matrices and failures ----
 
 def degenerate_instances():
@@ -289,6 +405,21 @@ def test_non_finite_input_returns_p(where, value, rows):
     ptilde, info = cone_project(p, M)
     assert info.failed and info.active == 0
     assert torch.equal(ptilde.view(torch.int32), p.view(torch.int32))
+
+
+def test_non_finite_row_or_gram_on_the_server_path_returns_p():
+    """§2.5 step 9 with a precomputed Gram: a non-finite row shows in M p even when the Gram was
+    finite, and a non-finite Gram entry fails as well; neither poisons the result."""
+    p, M = instance(6, d=30, rows=6, dtype=torch.float32)
+    gram = dot64(M, M)
+    broken_row = M.clone()
+    broken_row[2, 4] = math.nan
+    broken_gram = gram.clone()
+    broken_gram[1, 3] = broken_gram[3, 1] = math.inf
+    for rows, given in ((broken_row, gram), (M, broken_gram)):
+        ptilde, info = cone_project(p, rows, gram=given)
+        assert info.failed and info.active == 0
+        assert torch.equal(ptilde, p)
 
 
 def test_output_overflow_returns_p():

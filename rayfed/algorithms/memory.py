@@ -4,7 +4,8 @@ D is one preallocated (capacity, d) matrix rather than a map of tensors, so the 
 gets its constraint matrix without a gather and a decay is one in-place op. The Gram matrix
 of D, which the QP needs every round, is kept incrementally: rows of clients that were not
 sampled only shrink by beta2, so their inner products shrink by beta2^2 and only the S
-sampled rows need fresh O(capacity * d) products (§2.5, "Cost").
+sampled rows (and rows fading through the subnormal range) need fresh O(capacity * d) products
+(§2.5, "Cost").
 """
 from __future__ import annotations
 
@@ -33,11 +34,20 @@ class GradientMemory:
         self.capacity = capacity
         self.dim = dim
         self.beta2 = beta2
+        # The rows can only be multiplied by beta2 rounded to their dtype, and the Gram must shrink
+        # by the square of that factor, not of beta2, or it drifts from the naive Gram by twice the
+        # rounding of beta2 per round (3e-8 for 0.1 in float32: 1e-6 after 30 rounds).
+        self._decay = float(torch.tensor(beta2, dtype=dtype))
         self._per_block = blocks is not None
         # The whole model is the single block [0, d), so one code path serves both QP scopes.
         self._blocks = list(blocks) if self._per_block else [(0, dim)]
         self._rows = torch.zeros(capacity, dim, device=device, dtype=dtype)
         self._gram = torch.zeros(len(self._blocks), capacity, capacity, device=device, dtype=torch.float64)
+        # Squared norm of a block of `size` entries under which subnormal roundings dominate
+        # (_refresh_gram). 0 for float64 rows: tiny^2 underflows, as their Gram entries would first.
+        tiny = torch.finfo(dtype).tiny
+        self._subnormal_norms2 = torch.tensor([(stop - start) * tiny * tiny for start, stop in self._blocks],
+                                              device=device, dtype=torch.float64)[:, None]
         self._counters: dict[int, int] = {}     # buf: client -> c(client); dict order is insertion order
         self._slots: dict[int, int] = {}
         # Lowest free slot first, so slot assignment depends only on the call sequence.
@@ -90,7 +100,7 @@ class GradientMemory:
             if upload.shape != (self.dim,):
                 raise ValueError(f"client {client}'s upload has shape {tuple(upload.shape)}, expected ({self.dim},)")
         # Free slots are zero, so decaying every row at once is exact for them too.
-        self._rows.mul_(self.beta2)
+        self._rows.mul_(self._decay)
         for client, upload in updates.items():
             row = self._rows[self._slots[client]]
             upload = upload.to(row.device)
@@ -103,7 +113,16 @@ class GradientMemory:
         self._round_clients = None
 
     def _refresh_gram(self, touched_slots: list[int]) -> None:
-        self._gram.mul_(self.beta2 ** 2)
+        self._gram.mul_(self._decay ** 2)
+        # Decaying a subnormal entry rounds it by up to half the smallest subnormal, not relatively,
+        # and finally flushes it to zero: a row left unsampled long enough (at beta2 = 0.1, about
+        # 38 rounds for float32 entries of order 1) no longer shrinks by beta2, and scaled products
+        # would give the QP a constraint that D does not hold (the QP keeps rows of any norm). Once
+        # a block's norm is below sqrt(size) * tiny, those roundings outweigh the relative ones of a
+        # normal row, so the row gets fresh products every round until it is exactly zero.
+        diagonal = self._gram.diagonal(dim1=1, dim2=2)
+        fading = ((diagonal > 0) & (diagonal < self._subnormal_norms2)).any(0).nonzero()[:, 0].tolist()
+        touched_slots = sorted(set(touched_slots).union(fading))
         touched = torch.tensor(touched_slots, dtype=torch.long, device=self._rows.device)
         fresh = block_dot64(self._rows[touched], self._rows, self._blocks)      # (blocks, S, capacity)
         self._gram[:, touched, :] = fresh
