@@ -1,4 +1,6 @@
+import gzip
 import pickle
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -10,8 +12,11 @@ from rayfed.data import datasets
 from rayfed.data.datasets import required_files
 from rayfed.errors import ConfigError
 from rayfed.seeding import Purpose, numpy_rng
-from tests.dataset_files import (IDX_NAMES, NUM_TEST, NUM_TRAIN, write_cifar10, write_cifar_batch,
-                                 write_idx_dataset)
+from rayfed.cli import main
+from tests.dataset_files import (HOSTILE_PICKLES, IDX_NAMES, NUM_TEST, NUM_TRAIN, CallOnLoad, cifar_batch_bytes,
+                                 flip_middle_bytes, gzip_bomb, idx_bytes, idx_header, malicious_pickles,
+                                 with_object_dtype_flags, write_cifar10, write_cifar_batch, write_idx_dataset,
+                                 write_python2_cifar_batch)
 
 def assert_normalised(loaded: np.ndarray, raw: np.ndarray, index: tuple[int, ...], mean: float, std: float) -> None:
     assert loaded[index] == pytest.approx((raw[index] / 255.0 - mean) / std, abs=1e-5)
@@ -127,40 +132,249 @@ def test_successful_download_is_read_with_our_reader(tmp_path, monkeypatch):
     assert calls == [True, False]
 
 
-@pytest.mark.parametrize("corruption", ["truncated", "bad_magic", "bad_gzip"])
-def test_corrupt_idx_file_names_the_file(tmp_path, corruption):
+def assert_one_line_naming(raised: pytest.ExceptionInfo, path, fragment: str) -> None:
+    message = str(raised.value)
+    assert str(path) in message and fragment in message, message
+    assert message.splitlines() == [message]
+
+
+# (file, gzipped, damage applied to the file's valid bytes, what the message says)
+IDX_DAMAGE = [
+    pytest.param(2, False, lambda valid: idx_header((0, 28, 28)), "holds no images", id="zero_test_images"),
+    pytest.param(0, False, lambda valid: idx_header((0, 28, 28)), "holds no images", id="zero_train_images"),
+    pytest.param(1, False, lambda valid: idx_header((0,)), "holds no labels", id="zero_train_labels"),
+    pytest.param(2, False, lambda valid: idx_header((2**31 - 1, 28, 28)) + bytes(100),
+                 "header declares images of shape (2147483647, 28, 28), 1683627179248 bytes, but 100 bytes follow",
+                 id="count_2**31-1"),
+    pytest.param(2, False, lambda valid: idx_header((2**31 - 1,) * 3) + bytes(100),
+                 "9903520300447984150353281023 bytes", id="overflowing_product"),
+    pytest.param(2, False, lambda valid: idx_header((-1, 28, 28)) + valid[16:], "negative dimension",
+                 id="negative_dims"),
+    pytest.param(2, False, lambda valid: idx_header((), num_dims=0) + valid[16:],
+                 "declares a dimension count of 0 in its IDX header, not 3 as MNIST images files do",
+                 id="zero_dims_count"),
+    pytest.param(2, False, lambda valid: idx_header((NUM_TEST, 28, 28), num_dims=200) + valid[16:],
+                 "declares a dimension count of 200", id="200_dims_count"),
+    pytest.param(2, False, lambda valid: idx_header((NUM_TEST, 28, 28), type_code=0x0D) + valid[16:],
+                 "type code 0x0d", id="float_type_code"),
+    pytest.param(2, False, lambda valid: b"\x12\x34" + valid[2:], "not an IDX file (it starts with 0x12340803",
+                 id="bad_magic"),
+    pytest.param(2, False, lambda valid: b"\x00\x00\x08\x01" + valid[4:], "declares a dimension count of 1",
+                 id="labels_magic_on_images"),
+    pytest.param(2, False, lambda valid: valid[:-100], "is truncated or corrupt", id="truncated"),
+    pytest.param(2, False, lambda valid: valid[:10], "ends inside its IDX header", id="truncated_header"),
+    pytest.param(2, False, lambda valid: b"", "is too short for an IDX file (0 bytes)", id="empty"),
+    pytest.param(2, False, lambda valid: bytes(5 * 2**20), "more than any official file", id="oversized"),
+    pytest.param(2, False, lambda valid: idx_bytes(np.zeros((NUM_TEST, 32, 32))),
+                 "holds images of shape (32, 32), not (28, 28)", id="32x32_images"),
+    pytest.param(3, False, lambda valid: idx_bytes(np.zeros(NUM_TEST - 1)), f"holds {NUM_TEST - 1} labels but",
+                 id="label_count_mismatch"),
+    pytest.param(3, False, lambda valid: valid[:-1] + b"\x0a", "holds labels outside [0, 10) (from ",
+                 id="label_10"),
+    pytest.param(2, True, lambda valid: flip_middle_bytes(gzip.compress(valid)), "is not a valid gzip stream",
+                 id="corrupt_deflate"),
+    pytest.param(2, True, lambda valid: gzip.compress(valid)[:-20], "is not a valid gzip stream (Compressed file ended",
+                 id="truncated_gzip"),
+    pytest.param(2, True, lambda valid: b"definitely not gzip", "is not a valid gzip stream (Not a gzipped file",
+                 id="bad_gzip"),
+    pytest.param(2, True, lambda valid: gzip_bomb(8 * 2**20), "decompresses to more than 4194304 bytes",
+                 id="gzip_bomb"),
+    pytest.param(2, True, lambda valid: gzip.compress(idx_header((0, 28, 28))), "holds no images",
+                 id="gzipped_zero_images"),
+]
+
+
+@pytest.mark.parametrize("file_index, gz, damage, fragment", IDX_DAMAGE)
+def test_damaged_idx_file_gets_one_line_naming_it(tmp_path, monkeypatch, file_index, gz, damage, fragment):
+    monkeypatch.setattr(datasets, "MAX_FILE_BYTES", 4 * 2**20)   # keeps the oversized files small
     folder = tmp_path / "MNIST" / "raw"
     write_idx_dataset(folder, np.random.default_rng(4))
-    target = folder / IDX_NAMES[2]
-    if corruption == "truncated":
-        target.write_bytes(target.read_bytes()[:-100])
-    elif corruption == "bad_magic":
-        target.write_bytes(b"\x00\x00\x08\x01" + target.read_bytes()[4:])
-    else:
+    target = folder / IDX_NAMES[file_index]
+    valid = target.read_bytes()
+    if gz:
         target.unlink()
-        target = folder / f"{IDX_NAMES[2]}.gz"
-        target.write_bytes(b"definitely not gzip")
+        target = target.with_name(target.name + ".gz")
+    target.write_bytes(damage(valid))
     with pytest.raises(ConfigError) as raised:
         load_dataset("mnist", root=str(tmp_path))
-    assert str(target) in str(raised.value) and "\n" not in str(raised.value)
+    assert_one_line_naming(raised, target, fragment)
 
 
-@pytest.mark.parametrize("content", [b"garbage that is no pickle", pickle.dumps({"data": np.zeros((3, 10))})])
-def test_corrupt_cifar_file_names_the_file(tmp_path, content):
+def test_file_cap_exceeds_every_official_file():
+    assert datasets.MAX_FILE_BYTES > 158_000_000   # CIFAR-100's train pickle, the largest
+
+
+def test_python2_cifar_pickles_load(tmp_path):
+    """The official CIFAR batches are Python 2 pickles naming numpy.core.multiarray._reconstruct."""
+    rng = np.random.default_rng(7)
+    write_cifar10(tmp_path, rng)
+    folder = tmp_path / "cifar-10-batches-py"
+    train_x, test_x = (rng.integers(0, 256, (size, 3, 32, 32), dtype=np.uint8) for size in (NUM_TRAIN, NUM_TEST))
+    train_y, test_y = rng.integers(0, 10, NUM_TRAIN), rng.integers(0, 10, NUM_TEST)
+    for batch_id, rows in enumerate(np.array_split(np.arange(NUM_TRAIN), 5), start=1):
+        write_python2_cifar_batch(folder / f"data_batch_{batch_id}", train_x[rows], train_y[rows], "labels")
+    write_python2_cifar_batch(folder / "test_batch", test_x, test_y, "labels")
+    assert b"cnumpy.core.multiarray\n_reconstruct\n" in (folder / "test_batch").read_bytes()
+    dataset = load_dataset("cifar10", root=str(tmp_path))
+    np.testing.assert_array_equal(dataset.train_y, train_y)
+    np.testing.assert_array_equal(dataset.test_y, test_y)
+    assert_normalised(dataset.train_x, train_x, (41, 2, 5, 30), 0.4465, 0.2010)
+    assert_normalised(dataset.test_x, test_x, (3, 0, 31, 1), 0.4914, 0.2023)
+
+
+def valid_batch(**changes) -> bytes:
+    batch = {"data": np.zeros((NUM_TEST, 3072), np.uint8), "labels": [1] * NUM_TEST, **changes}
+    return pickle.dumps(batch, protocol=2)
+
+
+# damage applied to test_batch's valid bytes, and what the message says
+CIFAR_DAMAGE = [
+    pytest.param(lambda valid: b"garbage that is no pickle", "is not a readable CIFAR batch pickle (",
+                 id="not_a_pickle"),
+    pytest.param(lambda valid: valid[:len(valid) // 2], "is not a readable CIFAR batch pickle", id="truncated"),
+    pytest.param(lambda valid: b"", "is not a readable CIFAR batch pickle (EOFError)", id="empty"),
+    pytest.param(lambda valid: pickle.dumps([1, 2, 3], protocol=2), "holds a pickled list, not the dict",
+                 id="not_a_dict"),
+    pytest.param(lambda valid: pickle.dumps({"data": np.zeros((3, 10))}), "has no 'labels' entry", id="no_labels"),
+    pytest.param(lambda valid: valid_batch(data=np.zeros((NUM_TEST, 3, 16, 16), np.uint8).reshape(NUM_TEST, -1)),
+                 "holds an array of uint8, shape (20, 768), as 'data'", id="16x16_images"),
+    pytest.param(lambda valid: valid_batch(data=np.zeros((NUM_TEST, 3072))),
+                 "holds an array of float64, shape (20, 3072), as 'data'", id="float_images"),
+    pytest.param(lambda valid: valid_batch(data=[[0] * 3072] * NUM_TEST), "holds a value of type list as 'data'",
+                 id="images_as_lists"),
+    pytest.param(lambda valid: cifar_batch_bytes(np.zeros((0, 3, 32, 32), np.uint8), np.zeros(0, int), "labels"),
+                 "holds no images", id="zero_test_images"),
+    pytest.param(lambda valid: valid_batch(labels=[1] * (NUM_TEST + 1)), f"holds {NUM_TEST} images but 21 labels",
+                 id="label_count_mismatch"),
+    pytest.param(lambda valid: valid_batch(labels=["cat"] * NUM_TEST),
+                 "has entries in 'labels' that are not 64-bit integers", id="string_labels"),
+    pytest.param(lambda valid: valid_batch(labels=np.ones(NUM_TEST, np.int64)),
+                 "holds an array of int64, shape (20,), as 'labels', not a list of integers", id="labels_as_array"),
+    pytest.param(lambda valid: valid_batch(labels=[10] * NUM_TEST), "holds labels outside [0, 10) (from 10 to 10)",
+                 id="label_10"),
+    pytest.param(lambda valid: valid_batch(labels=[-1, 9] * (NUM_TEST // 2)),
+                 "holds labels outside [0, 10) (from -1 to 9)", id="label_-1"),
+    pytest.param(lambda valid: valid_batch(labels=[10**5000] * NUM_TEST), "has entries in 'labels' that are not 64-bit",
+                 id="5000_digit_labels"),
+    pytest.param(lambda valid: pickle.dumps({"data": np.zeros((NUM_TEST, 3072), np.uint8)}, protocol=5),
+                 "it names numpy._core.numeric._frombuffer, which no CIFAR batch holds; refused", id="protocol_5"),
+    pytest.param(lambda valid: pickle.dumps(CallOnLoad(np.ndarray, (10**6, 3072)), protocol=2),
+                 "'object' object is not callable", id="bare_ndarray_call"),
+    pytest.param(lambda valid: pickle.dumps(CallOnLoad(np.ndarray.__reduce__(np.zeros(0))[0], np.ndarray,
+                                                       (10**6, 3072), b"B"), protocol=2),
+                 "it holds an array in a form numpy never pickles", id="reconstruct_with_a_shape"),
+]
+
+
+@pytest.mark.parametrize("damage, fragment", CIFAR_DAMAGE)
+def test_damaged_cifar_file_gets_one_line_naming_it(tmp_path, damage, fragment):
     write_cifar10(tmp_path, np.random.default_rng(5))
-    target = tmp_path / "cifar-10-batches-py" / "data_batch_3"
-    target.write_bytes(content)
+    target = tmp_path / "cifar-10-batches-py" / "test_batch"
+    target.write_bytes(damage(target.read_bytes()))
     with pytest.raises(ConfigError) as raised:
         load_dataset("cifar10", root=str(tmp_path))
-    assert str(target) in str(raised.value)
+    assert_one_line_naming(raised, target, fragment)
 
 
-def test_out_of_range_labels_are_rejected(tmp_path):
-    write_cifar10(tmp_path, np.random.default_rng(6))
-    images = np.zeros((NUM_TEST, 3, 32, 32), dtype=np.uint8)
-    write_cifar_batch(tmp_path / "cifar-10-batches-py" / "test_batch", images, np.full(NUM_TEST, 10), "labels")
-    with pytest.raises(ConfigError, match="outside"):
+@pytest.mark.parametrize("payload", ["exec", "os.system", "eval_in_labels"])
+def test_malicious_cifar_pickle_is_refused_without_running(tmp_path, payload):
+    marker = tmp_path / "marker"
+    crafted = malicious_pickles(marker)[payload]
+    pickle.loads(crafted)
+    assert marker.exists()   # what plain pickle.load does with it
+    marker.unlink()
+
+    write_cifar10(tmp_path, np.random.default_rng(8))
+    target = tmp_path / "cifar-10-batches-py" / "data_batch_1"
+    target.write_bytes(crafted)
+    with pytest.raises(ConfigError) as raised:
         load_dataset("cifar10", root=str(tmp_path))
+    assert_one_line_naming(raised, target, "which no CIFAR batch holds; refused")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("name, fragment", [
+    ("memo_index_2**31", "holds a pickled list, not the dict of a CIFAR batch"),
+    ("bytearray8_1TiB", "it holds 0x96 where a pickle opcode of a CIFAR batch belongs"),
+    ("tuple_a_million_deep", "it makes more than 1000 containers, more than any CIFAR batch"),
+    ("state_of_a_function", "it sets the state of a function, which takes none"),
+])
+def test_hostile_pickle_is_refused_without_allocating(tmp_path, name, fragment):
+    write_cifar10(tmp_path, np.random.default_rng(12))
+    target = tmp_path / "cifar-10-batches-py" / "test_batch"
+    target.write_bytes(HOSTILE_PICKLES[name])
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError) as raised:
+            load_dataset("cifar10", root=str(tmp_path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert_one_line_naming(raised, target, fragment)
+    assert peak < 64 * 2**20
+
+
+def test_pickled_dtype_flags_never_reach_numpy(tmp_path):
+    rng = np.random.default_rng(13)
+    write_cifar10(tmp_path, rng)
+    target = tmp_path / "cifar-10-batches-py" / "test_batch"
+    test_x, test_y = rng.integers(0, 256, (NUM_TEST, 3, 32, 32), dtype=np.uint8), rng.integers(0, 10, NUM_TEST)
+    write_python2_cifar_batch(target, test_x, test_y, "labels")
+    target.write_bytes(with_object_dtype_flags(target.read_bytes()))
+    dataset = load_dataset("cifar10", root=str(tmp_path))
+    np.testing.assert_array_equal(dataset.test_y, test_y)
+    assert_normalised(dataset.test_x, test_x, (3, 0, 31, 1), 0.4914, 0.2023)
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "cifar10"])
+def test_every_flipped_byte_loads_or_gets_one_line(tmp_path, dataset):
+    """Damage anywhere in a file's structure (a pickle's opcodes, an IDX header, a gzip stream)
+    gives the one-line error or, where it only changes pixel values, a dataset: never a traceback."""
+    rng = np.random.default_rng(9)
+    if dataset == "mnist":
+        write_idx_dataset(tmp_path / "MNIST" / "raw", rng, gz=True)
+        target = tmp_path / "MNIST" / "raw" / f"{IDX_NAMES[3]}.gz"
+    else:
+        write_cifar10(tmp_path, rng, num_train=5, num_test=3)
+        target = tmp_path / "cifar-10-batches-py" / "test_batch"
+        write_python2_cifar_batch(target, rng.integers(0, 256, (3, 3, 32, 32), dtype=np.uint8), np.arange(3), "labels")
+    valid = target.read_bytes()
+    structure = [*range(min(len(valid), 320)), *range(max(0, len(valid) - 160), len(valid))]
+    for position in sorted(set(structure)):
+        for flip in (0x01, 0x80, 0xFF):
+            target.write_bytes(valid[:position] + bytes([valid[position] ^ flip]) + valid[position + 1:])
+            try:
+                load_dataset(dataset, root=str(tmp_path))
+            except ConfigError as error:
+                assert str(target) in str(error) and "\n" not in str(error)
+
+
+def test_line_breaks_in_paths_and_reasons_stay_on_one_line(tmp_path):
+    root = tmp_path / "two\nlines"
+    write_cifar10(root, np.random.default_rng(10))
+    # protocol 4: SHORT_BINUNICODE "os\r\nsys", SHORT_BINUNICODE "tem\u2028", STACK_GLOBAL
+    crafted = b"\x80\x04\x8c\x07os\r\nsys\x8c\x06tem\xe2\x80\xa8\x93."
+    (root / "cifar-10-batches-py" / "test_batch").write_bytes(crafted)
+    with pytest.raises(ConfigError) as raised:
+        load_dataset("cifar10", root=str(root))
+    message = str(raised.value)
+    assert message.splitlines() == [message] and "which no CIFAR batch holds; refused" in message
+
+
+def test_damaged_file_fails_rayfed_run_with_one_line_and_no_run_directory(tmp_path, capsys):
+    root = tmp_path / "data"
+    write_idx_dataset(root / "MNIST" / "raw", np.random.default_rng(11), gz=True)
+    target = root / "MNIST" / "raw" / f"{IDX_NAMES[2]}.gz"
+    target.write_bytes(flip_middle_bytes(target.read_bytes()))
+    out = tmp_path / "out"
+    code = main(["run", "data.dataset=mnist", f"data.root={root}", "engine.backend=local", "train.rounds=1",
+                 "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    [line] = captured.err.splitlines()
+    assert line.startswith(f"rayfed: error: {target} is not a valid gzip stream (")
+    assert line.endswith("); delete it and rerun with data.download=true, or put the official file there")
+    assert not out.exists()
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,15 @@
 """Datasets as normalised numpy arrays: readers for the official MNIST/CIFAR files, and FedProx's Synthetic."""
 from dataclasses import dataclass
 import gzip
+import math
 import pathlib
 import pickle
+import struct
+import zlib
 
 import numpy as np
 
+from rayfed.data.cifar_pickle import load_cifar_pickle, unwrap
 from rayfed.data.partition import Partition
 from rayfed.errors import ConfigError
 from rayfed.seeding import Purpose, numpy_rng
@@ -13,9 +17,13 @@ from rayfed.seeding import Purpose, numpy_rng
 DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100", "cifar10_random")
 
 _IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-_IDX_IMAGES_MAGIC = 0x00000803
-_IDX_LABELS_MAGIC = 0x00000801
+_IDX_UBYTE = 0x08   # the IDX type code of unsigned bytes, the only type MNIST files use
 _IDX_IMAGE_SHAPE = (28, 28)
+_CIFAR_IMAGE_BYTES = 3 * 32 * 32
+# Above any official file (the largest, CIFAR-100's train pickle, is 158 MB): a bigger file, or a
+# .gz decompressing to more, is damaged or crafted, and reading it whole could exhaust memory.
+MAX_FILE_BYTES = 256 * 2**20
+_GUNZIP_CHUNK_BYTES = 2**20
 _CIFAR10_TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 
 
@@ -112,11 +120,10 @@ def load_dataset(name: str, *, root: str = "./data", download: bool = False, see
 
     files = [_existing_variant(path) for path in required_files(name, root)]
     if source.files == _IDX_FILES:
-        train_x, train_y, test_x, test_y = _read_idx_dataset(*files)
+        train_x, train_y, test_x, test_y = _read_idx_dataset(*files, num_classes=source.num_classes)
     else:
-        train_x, train_y, test_x, test_y = _read_cifar_dataset(files, name)
+        train_x, train_y, test_x, test_y = _read_cifar_dataset(files, name, source.num_classes)
 
-    _check_labels(np.concatenate([train_y, test_y]), source.num_classes, files[0].parent)
     return Dataset(name=name, train_x=_normalise(train_x, source), train_y=train_y,
                    test_x=_normalise(test_x, source), test_y=test_y,
                    num_classes=source.num_classes, input_shape=tuple(train_x.shape[1:]))
@@ -135,70 +142,168 @@ def _download(name: str, source: _ImageSource, root: str, missing: list[pathlib.
                           f"{', '.join(str(path) for path in missing)} or check the network") from exc
 
 
+def _bad_file(path: pathlib.Path, problem: str) -> ConfigError:
+    message = f"{path} {problem}; delete it and rerun with data.download=true, or put the official file there"
+    # Paths and exception texts may hold line breaks, and the CLI promises one line.
+    return ConfigError(" ".join(message.splitlines()))
+
+
+def _reason(exc: BaseException) -> str:
+    return (str(exc).strip() or type(exc).__name__)[:200]
+
+
+def _read_file(path: pathlib.Path) -> bytes | bytearray:
+    try:
+        return _gunzip(path) if path.suffix == ".gz" else _read_plain(path)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise _bad_file(path, f"is not a valid gzip stream ({_reason(exc)})") from exc
+    except (OSError, MemoryError) as exc:
+        raise _bad_file(path, f"cannot be read ({_reason(exc)})") from exc
+
+
+def _read_plain(path: pathlib.Path) -> bytes:
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise _bad_file(path, f"is {size} bytes, more than any official file")
+    return path.read_bytes()
+
+
+def _gunzip(path: pathlib.Path) -> bytearray:
+    """Decompressed in chunks, so that a decompression bomb stops at MAX_FILE_BYTES."""
+    data = bytearray()
+    with gzip.open(path, "rb") as file:
+        while chunk := file.read(_GUNZIP_CHUNK_BYTES):
+            data += chunk
+            if len(data) > MAX_FILE_BYTES:
+                raise _bad_file(path, f"decompresses to more than {MAX_FILE_BYTES} bytes, "
+                                      "more than any official file")
+    return data
+
+
+@dataclass(frozen=True)
+class _IdxKind:
+    noun: str
+    item_shape: tuple[int, ...]
+
+
+_IDX_IMAGES = _IdxKind("images", _IDX_IMAGE_SHAPE)
+_IDX_LABELS = _IdxKind("labels", ())
+
+
 def _read_idx_dataset(train_images: pathlib.Path, train_labels: pathlib.Path, test_images: pathlib.Path,
-                      test_labels: pathlib.Path) -> tuple[np.ndarray, ...]:
+                      test_labels: pathlib.Path, num_classes: int) -> tuple[np.ndarray, ...]:
     arrays = []
     for images_path, labels_path in ((train_images, train_labels), (test_images, test_labels)):
-        images = _read_idx(images_path, _IDX_IMAGES_MAGIC)
-        if images.shape[1:] != _IDX_IMAGE_SHAPE:
-            raise ConfigError(f"{images_path} holds images of shape {images.shape[1:]}, not {_IDX_IMAGE_SHAPE}; "
-                              "replace it with the official file")
-        labels = _read_idx(labels_path, _IDX_LABELS_MAGIC)
+        images = _read_idx(images_path, _IDX_IMAGES)
+        labels = _read_idx(labels_path, _IDX_LABELS)
         if len(images) != len(labels):
-            raise ConfigError(f"{labels_path} holds {len(labels)} labels but {images_path} holds {len(images)} "
-                              "images; replace them with the official files")
+            raise _bad_file(labels_path, f"holds {len(labels)} labels but {images_path} holds {len(images)} images")
+        _check_label_range(int(labels.min()), int(labels.max()), num_classes, labels_path)
         arrays += [images[:, np.newaxis], labels.astype(np.int64)]
     return tuple(arrays)
 
 
-def _read_idx(path: pathlib.Path, expected_magic: int) -> np.ndarray:
-    """An IDX file: big-endian magic (uint8 type, number of dims), big-endian int32 dims, then uint8 data."""
-    try:
-        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError) as exc:
-        raise ConfigError(f"cannot read {path} ({exc}); replace it with the official file") from exc
-    num_dims = expected_magic & 0xFF
+def _read_idx(path: pathlib.Path, kind: _IdxKind) -> np.ndarray:
+    """An IDX file: magic 0x0000 <type code> <number of dims>, big-endian int32 dims, then the data."""
+    raw = _read_file(path)
+    shape = _idx_shape(raw, path, kind)
+    if shape[1:] != kind.item_shape:
+        raise _bad_file(path, f"holds {kind.noun} of shape {shape[1:]}, not {kind.item_shape}")
+    if shape[0] == 0:
+        raise _bad_file(path, f"holds no {kind.noun} (its IDX header counts 0)")
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * len(shape)).reshape(shape)
+
+
+def _idx_shape(raw: bytes | bytearray, path: pathlib.Path, kind: _IdxKind) -> tuple[int, ...]:
+    """The shape the header declares, once it is known to match the data that follows; checked
+    before any array exists, so an absurd header cannot make the reader allocate."""
+    if len(raw) < 4:
+        raise _bad_file(path, f"is too short for an IDX file ({len(raw)} bytes)")
+    if raw[:2] != b"\0\0":
+        raise _bad_file(path, f"is not an IDX file (it starts with 0x{bytes(raw[:4]).hex()}, not 0x0000)")
+    type_code, num_dims = raw[2], raw[3]
+    if type_code != _IDX_UBYTE:
+        raise _bad_file(path, f"holds IDX data of type code 0x{type_code:02x}, "
+                              f"not unsigned bytes (0x{_IDX_UBYTE:02x}) as MNIST files do")
+    expected_dims = 1 + len(kind.item_shape)
+    if num_dims != expected_dims:
+        raise _bad_file(path, f"declares a dimension count of {num_dims} in its IDX header, "
+                              f"not {expected_dims} as MNIST {kind.noun} files do")
     header_size = 4 + 4 * num_dims
-    if len(raw) < header_size or int.from_bytes(raw[:4], "big") != expected_magic:
-        raise ConfigError(f"{path} is not an IDX file of the expected kind (bad header); "
-                          "replace it with the official file")
-    shape = tuple(int(dim) for dim in np.frombuffer(raw, dtype=">i4", count=num_dims, offset=4))
-    if len(raw) != header_size + int(np.prod(shape)):
-        raise ConfigError(f"{path} is truncated or corrupt (header says {shape}, data has "
-                          f"{len(raw) - header_size} bytes); replace it with the official file")
-    return np.frombuffer(raw, dtype=np.uint8, offset=header_size).reshape(shape)
+    if len(raw) < header_size:
+        raise _bad_file(path, f"ends inside its IDX header ({len(raw)} bytes)")
+    shape = struct.unpack(f">{num_dims}i", raw[4:header_size])
+    if min(shape) < 0:
+        raise _bad_file(path, f"declares a negative dimension in its IDX header {shape}")
+    if math.prod(shape) != len(raw) - header_size:
+        raise _bad_file(path, f"is truncated or corrupt: its IDX header declares {kind.noun} of shape {shape}, "
+                              f"{math.prod(shape)} bytes, but {len(raw) - header_size} bytes follow it")
+    return shape
 
 
-def _read_cifar_dataset(files: list[pathlib.Path], name: str) -> tuple[np.ndarray, ...]:
+def _read_cifar_dataset(files: list[pathlib.Path], name: str, num_classes: int) -> tuple[np.ndarray, ...]:
     label_key = "fine_labels" if name == "cifar100" else "labels"
-    batches = [_read_cifar_batch(path, label_key) for path in files]
+    batches = [_read_cifar_batch(path, label_key, num_classes) for path in files]
     train_x = np.concatenate([images for images, _ in batches[:-1]])
     train_y = np.concatenate([labels for _, labels in batches[:-1]])
     test_x, test_y = batches[-1]
     return train_x, train_y, test_x, test_y
 
 
-def _read_cifar_batch(path: pathlib.Path, label_key: str) -> tuple[np.ndarray, np.ndarray]:
+def _read_cifar_batch(path: pathlib.Path, label_key: str, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
     """A CIFAR python pickle: dict with 'data' (N x 3072 uint8, channel-major) and the label list."""
-    try:
-        with path.open("rb") as file:
-            batch = pickle.load(file, encoding="latin1")
-        batch = {key.decode() if isinstance(key, bytes) else key: value for key, value in batch.items()}
-        images = np.asarray(batch["data"], dtype=np.uint8)
-        labels = np.asarray(batch[label_key], dtype=np.int64)
-    except Exception as exc:  # unpickling garbage can fail in many ways; all mean a bad file
-        raise ConfigError(f"cannot read {path} as a CIFAR batch ({type(exc).__name__}: {exc}); "
-                          "replace it with the official file") from exc
-    if images.ndim != 2 or images.shape[1] != 3 * 32 * 32 or labels.shape != (len(images),):
-        raise ConfigError(f"{path} is corrupt (data shape {images.shape}, {labels.size} labels); "
-                          "replace it with the official file")
+    batch = _unpickle_batch(path)
+    for key in ("data", label_key):
+        if key not in batch:
+            raise _bad_file(path, f"is not a CIFAR batch of this dataset (it has no {key!r} entry)")
+    images = _cifar_images(unwrap(batch["data"]), path)
+    labels = _cifar_labels(unwrap(batch[label_key]), label_key, path)
+    if len(labels) != len(images):
+        raise _bad_file(path, f"holds {len(images)} images but {len(labels)} labels")
+    _check_label_range(int(labels.min()), int(labels.max()), num_classes, path)
     return images.reshape(-1, 3, 32, 32), labels
 
 
-def _check_labels(labels: np.ndarray, num_classes: int, folder: pathlib.Path) -> None:
-    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-        raise ConfigError(f"labels in {folder} fall outside [0, {num_classes}); "
-                          "replace the files there with the official ones")
+def _cifar_images(images, path: pathlib.Path) -> np.ndarray:
+    if not (isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.ndim == 2
+            and images.shape[1] == _CIFAR_IMAGE_BYTES):
+        raise _bad_file(path, f"holds {_describe(images)} as 'data', not N x {_CIFAR_IMAGE_BYTES} unsigned bytes")
+    if len(images) == 0:
+        raise _bad_file(path, "holds no images")
+    return images
+
+
+def _cifar_labels(labels, label_key: str, path: pathlib.Path) -> np.ndarray:
+    if not isinstance(labels, list):
+        raise _bad_file(path, f"holds {_describe(labels)} as {label_key!r}, not a list of integers")
+    if not all(type(label) is int and -2**63 <= label < 2**63 for label in labels):
+        raise _bad_file(path, f"has entries in {label_key!r} that are not 64-bit integers")
+    return np.array(labels, dtype=np.int64)
+
+
+def _describe(value) -> str:
+    if isinstance(value, np.ndarray):
+        return f"an array of {value.dtype}, shape {value.shape},"
+    return f"a value of type {type(value).__name__}"
+
+
+def _unpickle_batch(path: pathlib.Path) -> dict:
+    """The batch's dict, with str keys."""
+    raw = _read_file(path)
+    try:
+        batch = load_cifar_pickle(raw)
+    # What a damaged or crafted pickle makes load() raise; find_class keeps it from calling our code.
+    except (pickle.UnpicklingError, EOFError, struct.error, ValueError, TypeError, AttributeError, IndexError,
+            OverflowError, MemoryError) as exc:
+        raise _bad_file(path, f"is not a readable CIFAR batch pickle ({_reason(exc)})") from exc
+    if not isinstance(batch, dict):
+        raise _bad_file(path, f"holds a pickled {type(batch).__name__}, not the dict of a CIFAR batch")
+    return {key.decode("latin-1") if isinstance(key, bytes) else key: value for key, value in batch.items()}
+
+
+def _check_label_range(low: int, high: int, num_classes: int, path: pathlib.Path) -> None:
+    if low < 0 or high >= num_classes:
+        raise _bad_file(path, f"holds labels outside [0, {num_classes}) (from {low} to {high})")
 
 
 def _normalise(images: np.ndarray, source: _ImageSource) -> np.ndarray:
