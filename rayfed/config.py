@@ -1,25 +1,31 @@
-"""Typed run configuration: dataclass defaults (the embedded quick-start), YAML files,
-dotted `key=value` overrides, and validation that fails before any work starts."""
-from __future__ import annotations
+"""Typed run configuration: pydantic models whose defaults are the embedded quick-start, YAML
+files, dotted `key=value` overrides, and validation that fails before any work starts.
 
-import dataclasses
+Each key declares its type and range where it is declared; what pydantic reports is turned into
+one line that names the dotted key and what it admits (rayfed.errors.ConfigError, exit code 2)."""
 import difflib
+import functools
+import math
 import os
-import types
+import re
+import reprlib
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import yaml
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from rayfed.algorithms.registry import ALGORITHMS, resolve_hyperparameters
+from rayfed.algorithms.registry import ALGORITHMS, MAX_COEFFICIENT, MAX_MEMORY_SIZE, allowed_values, \
+    resolve_hyperparameters
 from rayfed.data.datasets import DATASETS, missing_files
 from rayfed.data.partition import PARTITIONS
 from rayfed.errors import ConfigError
+from rayfed.faults import parse_fault
+from rayfed.resources import MODEL_NAMES, check_availability_walk, check_memory, check_model
 from rayfed.systems.availability import AVAILABILITIES
 
-MODELS = ("auto", "logreg", "mlp", "lenet5", "vgg11")
+MODELS = ("auto", *MODEL_NAMES)
 # The papers' model for each dataset: FedProx used logistic regression on Synthetic.
 AUTO_MODELS = {"synthetic": "logreg", "mnist": "mlp", "fashion_mnist": "mlp", "cifar10": "lenet5", "cifar100": "vgg11",
                "cifar10_random": "lenet5"}
@@ -30,127 +36,252 @@ STALENESS_WEIGHTS = ("none", "sqrt")
 STALENESS_WEIGHTED_ALGORITHMS = ("fedavg", "fedavgm", "fedprox", "fedproxm")
 AGG_WEIGHTINGS = ("uniform", "num_samples")
 
+# Bounds far above any real run, so that a typo fails here instead of exhausting memory or
+# overflowing later: counts of clients, rounds, steps and samples...
+MAX_COUNT = 10**7
+MAX_SEED = 2**63 - 1
+MAX_WIDTH = 10**9               # a hidden layer; the memory check decides whether the model fits
+MAX_LAYERS = 64
+MAX_WORKERS = 4096
+MAX_WORKER_CPUS = 1024.0
+MAX_GPUS = 1024.0
+MAX_RESTARTS = 1000
+MAX_SERVER_RESTARTS = 100
+MAX_FAULTS = 1000
+# ...virtual seconds and bytes per second...
+MAX_VIRTUAL = 1e12
+# ...log-normal spreads: exp(5 sigma) is already a factor of 10^10 between clients...
+MAX_SPREAD = 5.0
+MAX_SYNTHETIC_SPREAD = 1e3
+MAX_OVERCOMMIT = 100.0
+# ...and wall-clock waits, which Python's timers take up to about 9e9 seconds.
+MAX_ROUND_TIMEOUT_S = 1e6
+MAX_CONNECT_TIMEOUT_S = 3600.0
+# File names and paths as Linux limits them (NAME_MAX, PATH_MAX).
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 4096
+MAX_CONFIG_FILE_BYTES = 2**20
+# PyYAML composes nested collections by recursion; deeper input would end in a RecursionError.
+MAX_YAML_DEPTH = 32
 
-@dataclass
-class DataConfig:
-    dataset: str = "synthetic"
-    root: str = "./data"
-    download: bool = False
-    num_clients: int = 100
+
+def _read_float(value: Any) -> Any:
+    """Ints are numbers too; YAML 1.1 reads 1e9 (no dot) as a string, and researchers write it so."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _number(*, gt=None, ge=None, lt=None, le: float = MAX_VIRTUAL):
+    """A finite float in the bounds given; -0.0 is 0.0 (numpy draws with scale -0.0 fail)."""
+    return Annotated[float, BeforeValidator(_read_float),
+                     Field(strict=True, allow_inf_nan=False, gt=gt, ge=ge, lt=lt, le=le),
+                     AfterValidator(lambda value: value + 0.0)]
+
+
+def _count(*, gt=None, ge=None, le: int = MAX_COUNT):
+    """An int (not a bool, not 2.0) in the bounds given."""
+    return Annotated[int, Field(strict=True, gt=gt, ge=ge, le=le)]
+
+
+def _path_problem(value: str) -> str | None:
+    if "\0" in value:
+        return "contains a NUL byte, which no file name can hold"
+    try:
+        encoded = os.fsencode(value)
+    except UnicodeEncodeError:
+        return "is not a valid file name (it holds an unpaired surrogate)"
+    if len(encoded) > MAX_PATH_BYTES:
+        return f"is {len(encoded)} bytes long; a path may be at most {MAX_PATH_BYTES}"
+    longest = max(len(part) for part in encoded.split(b"/"))
+    if longest > MAX_NAME_BYTES:
+        return f"has a name of {longest} bytes; a file or folder name may be at most {MAX_NAME_BYTES}"
+    return None
+
+
+def check_path(key: str, value: str) -> None:
+    """ConfigError unless `value` can name a file: no NUL byte, no name over 255 bytes, at most
+    4096 bytes in all (beyond those, the operating system fails with an error of its own)."""
+    problem = _path_problem(value)
+    if problem:
+        raise ConfigError(f"{key}={_show(value)} {problem}")
+
+
+def _valid_path(value: str) -> str:
+    problem = _path_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _printable(value: str) -> str:
+    if not value.isprintable():
+        raise ValueError("must be printable text (no control characters)")
+    return value
+
+
+def _gpu_share(value: float) -> float:
+    if value > 1 and value != int(value):
+        raise ValueError("must be >= 0, and a whole number when above 1")
+    return value
+
+
+_Flag = Annotated[bool, Field(strict=True)]
+_Path = Annotated[str, Field(strict=True), AfterValidator(_valid_path)]
+_Text = Annotated[str, Field(strict=True, max_length=MAX_PATH_BYTES), AfterValidator(_printable)]
+_Gpus = Annotated[_number(ge=0.0, le=MAX_GPUS), AfterValidator(_gpu_share)]
+
+
+class _Section(BaseModel):
+    # No validation on assignment: resolve() validates the whole config again, and code may
+    # assign freely in between (the local engine's num_workers, the vectorize fallback).
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+
+class DataConfig(_Section):
+    dataset: Literal[DATASETS] = "synthetic"
+    root: _Path = "./data"
+    download: _Flag = False
+    num_clients: _count(gt=0) = 100
     # "auto": the dataset's own client split for synthetic, dirichlet otherwise.
-    partition: str = "auto"
-    alpha: float = 0.1
-    shards_per_client: int = 2
-    synthetic_alpha: float = 1.0
-    synthetic_beta: float = 1.0
-    synthetic_max_samples: int = 1000
+    partition: Literal[("auto", *PARTITIONS)] = "auto"
+    alpha: _number(gt=0.0, le=MAX_COEFFICIENT) = 0.1
+    shards_per_client: _count(gt=0) = 2
+    synthetic_alpha: _number(ge=0.0, le=MAX_SYNTHETIC_SPREAD) = 1.0
+    synthetic_beta: _number(ge=0.0, le=MAX_SYNTHETIC_SPREAD) = 1.0
+    # A client needs a training and a test sample.
+    synthetic_max_samples: _count(ge=2) = 1000
 
 
-@dataclass
-class ModelConfig:
-    name: str = "auto"
-    hidden_sizes: list[int] = field(default_factory=lambda: [200, 100])
+class ModelConfig(_Section):
+    name: Literal[MODELS] = "auto"
+    hidden_sizes: Annotated[list[_count(gt=0, le=MAX_WIDTH)], Field(strict=True, max_length=MAX_LAYERS)] = \
+        Field(default_factory=lambda: [200, 100])
 
 
-@dataclass
-class AlgorithmConfig:
-    name: str = "fedavgm"
-    lr_local: float = 0.02
-    lr_global: float = 1.0
-    # None: not set; the algorithm's default is filled in when the config is resolved.
-    beta1: Optional[float] = None
-    mu: Optional[float] = None
-    beta2: Optional[float] = None
-    memory_size: Optional[int] = None
-    anchor_mode: Optional[str] = None
-    qp_scope: Optional[str] = None
-    qp_margin_local: Optional[float] = None
-    qp_margin_global: Optional[float] = None
-    agg_weighting: str = "uniform"
+class AlgorithmConfig(_Section):
+    name: Literal[tuple(ALGORITHMS)] = "fedavgm"
+    lr_local: _number(gt=0.0, le=MAX_COEFFICIENT) = 0.02
+    lr_global: _number(gt=0.0, le=MAX_COEFFICIENT) = 1.0
+    # None: not set; the algorithm's default is filled in when the config is resolved, and the
+    # ranges are the registry's (rayfed.algorithms.registry.HYPERPARAMETERS).
+    beta1: Optional[_number(le=None)] = None
+    mu: Optional[_number(le=None)] = None
+    beta2: Optional[_number(le=None)] = None
+    memory_size: Optional[_count(le=MAX_MEMORY_SIZE)] = None
+    anchor_mode: Optional[_Text] = None
+    qp_scope: Optional[_Text] = None
+    qp_margin_local: Optional[_number(le=None)] = None
+    qp_margin_global: Optional[_number(le=None)] = None
+    agg_weighting: Literal[AGG_WEIGHTINGS] = "uniform"
 
 
-@dataclass
-class TrainConfig:
-    rounds: int = 1000
-    clients_per_round: int = 10
-    local_steps: int = 5
-    batch_size: int = 64
-    eval_every: int = 10
-    round_policy: str = "sync"
-    deadline_s: Optional[float] = None
-    overcommit: float = 0.3
-    concurrency: Optional[int] = None
-    buffer_size: Optional[int] = None
-    staleness_weight: str = "none"
-    checkpoint_every: int = 0
+class TrainConfig(_Section):
+    rounds: _count(gt=0) = 1000
+    clients_per_round: _count(gt=0) = 10
+    local_steps: _count(gt=0) = 5
+    batch_size: _count(gt=0) = 64
+    eval_every: _count(gt=0) = 10
+    round_policy: Literal[ROUND_POLICIES] = "sync"
+    deadline_s: Optional[_number(gt=0.0)] = None
+    overcommit: _number(ge=0.0, le=MAX_OVERCOMMIT) = 0.3
+    concurrency: Optional[_count(gt=0)] = None
+    buffer_size: Optional[_count(gt=0)] = None
+    staleness_weight: Literal[STALENESS_WEIGHTS] = "none"
+    checkpoint_every: _count(ge=0) = 0
 
 
-@dataclass
-class SystemsConfig:
-    availability: str = "always"
-    online_probability: float = 0.8
-    online_concentration: float = 10.0
-    mean_online_s: float = 600.0
-    mean_offline_s: float = 600.0
-    trace: Optional[str] = None
-    step_time_s: float = 0.05
-    step_time_spread: float = 0.0
-    upload_bps: float = 1.0e6
-    download_bps: float = 1.0e7
-    bandwidth_spread: float = 0.0
-    speed_trace: Optional[str] = None
-    idle_wait_s: float = 60.0
+class SystemsConfig(_Section):
+    availability: Literal[AVAILABILITIES] = "always"
+    online_probability: _number(gt=0.0, le=1.0) = 0.8
+    online_concentration: _number(gt=0.0, le=MAX_COEFFICIENT) = 10.0
+    mean_online_s: _number(gt=0.0) = 600.0
+    mean_offline_s: _number(gt=0.0) = 600.0
+    trace: Optional[_Path] = None
+    step_time_s: _number(gt=0.0) = 0.05
+    step_time_spread: _number(ge=0.0, le=MAX_SPREAD) = 0.0
+    upload_bps: _number(gt=0.0) = 1.0e6
+    download_bps: _number(gt=0.0) = 1.0e7
+    bandwidth_spread: _number(ge=0.0, le=MAX_SPREAD) = 0.0
+    speed_trace: Optional[_Path] = None
+    idle_wait_s: _number(gt=0.0) = 60.0
 
 
-@dataclass
-class EngineConfig:
-    backend: str = "ray"
-    num_workers: int = 2
-    worker_cpus: float = 1.0
-    worker_gpus: float = 0.0
-    server_gpus: float = 0.0
-    address: Optional[str] = None
-    round_timeout_s: Optional[float] = None
-    worker_max_restarts: int = 3
-    fault_injection: list[str] = field(default_factory=list)
-    vectorize: bool = False
+class EngineConfig(_Section):
+    backend: Literal[BACKENDS] = "ray"
+    num_workers: _count(gt=0, le=MAX_WORKERS) = 2
+    worker_cpus: _number(gt=0.0, le=MAX_WORKER_CPUS) = 1.0
+    worker_gpus: _Gpus = 0.0
+    server_gpus: _Gpus = 0.0
+    address: Optional[_Text] = None
+    round_timeout_s: Optional[_number(gt=0.0, le=MAX_ROUND_TIMEOUT_S)] = None
+    connect_timeout_s: _number(gt=0.0, le=MAX_CONNECT_TIMEOUT_S) = 30.0
+    worker_max_restarts: _count(ge=0, le=MAX_RESTARTS) = 3
+    server_max_restarts: _count(ge=0, le=MAX_SERVER_RESTARTS) = 3
+    fault_injection: Annotated[list[Annotated[str, Field(strict=True)]], Field(strict=True, max_length=MAX_FAULTS)] = \
+        Field(default_factory=list)
+    vectorize: _Flag = False
 
 
-@dataclass
-class Config:
-    seed: int = 0
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    systems: SystemsConfig = field(default_factory=SystemsConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
+class Config(_Section):
+    seed: _count(ge=0, le=MAX_SEED) = 0
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    systems: SystemsConfig = Field(default_factory=SystemsConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return self.model_dump(warnings=False)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
+_LINE_BREAK = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def _one_line(function):
+    """Errors are printed as one line: a value or a file name quoted in a message must not break it."""
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except ConfigError as error:
+            message = str(error)
+            if _LINE_BREAK.search(message):
+                raise ConfigError(_LINE_BREAK.sub(lambda match: ascii(match.group())[1:-1], message)) from None
+            raise
+    return wrapper
+
+
+@_one_line
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()) -> Config:
     """The quick-start defaults, then the YAML file at `path`, then `key=value` overrides;
     typed, resolved and validated. Raises ConfigError on any bad input."""
     raw = Config().to_dict()
     if path is not None:
-        _merge(raw, _read_yaml(Path(path)), prefix="")
+        _merge(raw, _read_yaml(path), prefix="")
     for override in overrides:
-        key, value = _parse_override(override)
-        _set_dotted(raw, key, value)
-    config = _from_dict(Config, raw, prefix="")
-    return resolve(config)
+        _apply_override(raw, override)
+    return resolve(_validated(raw))
 
 
+@_one_line
 def resolve(config: Config) -> Config:
     """Validates `config` and fills in the choices left to rayfed ("auto", algorithm defaults).
     Returns a new Config; the one given is not changed."""
-    config = _from_dict(Config, config.to_dict(), prefix="")
-    _validate_ranges(config)
+    config = _validated(config.to_dict())
+    _check_combinations(config)
     if config.data.partition == "auto":
         config.data.partition = "natural" if config.data.dataset == "synthetic" else "dirichlet"
     if config.data.partition == "natural" and config.data.dataset != "synthetic":
@@ -168,102 +299,37 @@ def resolve(config: Config) -> Config:
                           f"{config.train.clients_per_round}: the memory must hold every sampled client "
                           f"(use at least that, or 0 for no memory)")
     _check_dataset_files(config)
+    model = check_model(config)
+    check_availability_walk(config, model)
+    check_memory(config, model)
     return config
 
 
-def _validate_ranges(config: Config) -> None:
-    _choice("data.dataset", config.data.dataset, DATASETS)
-    _choice("data.partition", config.data.partition, ("auto", *PARTITIONS))
-    _choice("model.name", config.model.name, MODELS)
-    _choice("engine.backend", config.engine.backend, BACKENDS)
-    _choice("train.round_policy", config.train.round_policy, ROUND_POLICIES)
-    _choice("systems.availability", config.systems.availability, AVAILABILITIES)
-    _choice("train.staleness_weight", config.train.staleness_weight, STALENESS_WEIGHTS)
-    _choice("algorithm.agg_weighting", config.algorithm.agg_weighting, AGG_WEIGHTINGS)
-    _choice("algorithm.name", config.algorithm.name, tuple(ALGORITHMS))
+def _validated(raw: dict) -> Config:
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as error:
+        raise ConfigError(_message(error)) from None
 
-    positive = {
-        "data.num_clients": config.data.num_clients,
-        "data.alpha": config.data.alpha,
-        "data.shards_per_client": config.data.shards_per_client,
-        "algorithm.lr_local": config.algorithm.lr_local,
-        "algorithm.lr_global": config.algorithm.lr_global,
-        "train.rounds": config.train.rounds,
-        "train.clients_per_round": config.train.clients_per_round,
-        "train.local_steps": config.train.local_steps,
-        "train.batch_size": config.train.batch_size,
-        "train.eval_every": config.train.eval_every,
-        "engine.num_workers": config.engine.num_workers,
-        "engine.worker_cpus": config.engine.worker_cpus,
-        "systems.step_time_s": config.systems.step_time_s,
-        "systems.upload_bps": config.systems.upload_bps,
-        "systems.download_bps": config.systems.download_bps,
-        "systems.idle_wait_s": config.systems.idle_wait_s,
-    }
-    for key, value in positive.items():
-        if not value > 0:
-            raise ConfigError(f"{key}={value} must be > 0")
-    for key in ("step_time_spread", "bandwidth_spread"):
-        if getattr(config.systems, key) < 0:
-            raise ConfigError(f"systems.{key}={getattr(config.systems, key)} must be >= 0")
-    if config.train.checkpoint_every < 0:
-        raise ConfigError(f"train.checkpoint_every={config.train.checkpoint_every} must be >= 0 (0: never)")
-    if config.train.overcommit < 0:
-        raise ConfigError(f"train.overcommit={config.train.overcommit} must be >= 0")
-    deadline = config.train.deadline_s
-    if config.train.round_policy == "deadline" and (deadline is None or not deadline > 0):
-        raise ConfigError(f"train.round_policy=deadline needs train.deadline_s > 0 (virtual seconds), got {deadline}")
-    if deadline is not None and config.train.round_policy != "deadline":
-        raise ConfigError(f"train.deadline_s is only used with train.round_policy=deadline, "
-                          f"not {config.train.round_policy}")
+
+def _check_combinations(config: Config) -> None:
+    train, data, engine = config.train, config.data, config.engine
+    deadline = train.deadline_s
+    if train.round_policy == "deadline" and deadline is None:
+        raise ConfigError("train.round_policy=deadline needs train.deadline_s > 0 (virtual seconds)")
+    if deadline is not None and train.round_policy != "deadline":
+        raise ConfigError(f"train.deadline_s is only used with train.round_policy=deadline, not {train.round_policy}")
     _resolve_async(config)
-    _validate_faults(config)
-    for key in ("synthetic_alpha", "synthetic_beta"):
-        if getattr(config.data, key) < 0:
-            raise ConfigError(f"data.{key}={getattr(config.data, key)} must be >= 0")
-    if config.data.synthetic_max_samples < 2:
-        raise ConfigError(f"data.synthetic_max_samples={config.data.synthetic_max_samples} must be >= 2 "
-                          f"(a client needs a training and a test sample)")
-    if any(size <= 0 for size in config.model.hidden_sizes):
-        raise ConfigError(f"model.hidden_sizes={config.model.hidden_sizes} must all be > 0")
-    if config.train.clients_per_round > config.data.num_clients:
-        raise ConfigError(f"train.clients_per_round={config.train.clients_per_round} exceeds "
-                          f"data.num_clients={config.data.num_clients}; it must be at most that")
-    if config.engine.num_workers > config.data.num_clients:
-        raise ConfigError(f"engine.num_workers={config.engine.num_workers} exceeds "
-                          f"data.num_clients={config.data.num_clients}; a worker hosts at least one client")
-    for key in ("worker_gpus", "server_gpus"):
-        gpus = getattr(config.engine, key)
-        if gpus < 0 or (gpus > 1 and gpus != int(gpus)):
-            raise ConfigError(f"engine.{key}={gpus} must be >= 0, and a whole number when above 1")
-
-
-def _validate_faults(config: Config) -> None:
-    engine = config.engine
-    if engine.round_timeout_s is not None and not engine.round_timeout_s > 0:
-        raise ConfigError(f"engine.round_timeout_s={engine.round_timeout_s} must be > 0 (wall-clock seconds)")
-    if engine.worker_max_restarts < 0:
-        raise ConfigError(f"engine.worker_max_restarts={engine.worker_max_restarts} must be >= 0")
     if (engine.round_timeout_s is not None or engine.fault_injection) and engine.backend != "ray":
         raise ConfigError("engine.round_timeout_s and engine.fault_injection need engine.backend=ray")
     for entry in engine.fault_injection:
         parse_fault(entry, engine.num_workers)
-
-
-def parse_fault(entry: str, num_workers: int) -> tuple[str, int, int, float]:
-    """'kill:WORKER:ROUND' or 'delay:WORKER:ROUND:SECONDS' (ROUND 1-based, as in metrics.jsonl)."""
-    parts = entry.split(":")
-    try:
-        kind, worker, round_number = parts[0], int(parts[1]), int(parts[2])
-        seconds = float(parts[3]) if kind == "delay" else 0.0
-        well_formed = (kind == "kill" and len(parts) == 3) or (kind == "delay" and len(parts) == 4 and seconds > 0)
-    except (IndexError, ValueError):
-        well_formed = False
-    if not well_formed or not 0 <= worker < num_workers or round_number < 1:
-        raise ConfigError(f"engine.fault_injection entry {entry!r} must be kill:WORKER:ROUND or "
-                          f"delay:WORKER:ROUND:SECONDS, with 0 <= WORKER < engine.num_workers={num_workers} "
-                          f"and ROUND >= 1")
-    return kind, worker, round_number, seconds
+    if train.clients_per_round > data.num_clients:
+        raise ConfigError(f"train.clients_per_round={train.clients_per_round} exceeds "
+                          f"data.num_clients={data.num_clients}; it must be at most that")
+    if engine.num_workers > data.num_clients:
+        raise ConfigError(f"engine.num_workers={engine.num_workers} exceeds "
+                          f"data.num_clients={data.num_clients}; a worker hosts at least one client")
 
 
 def _resolve_async(config: Config) -> None:
@@ -292,7 +358,10 @@ def _resolve_async(config: Config) -> None:
 def _check_dataset_files(config: Config) -> None:
     if config.data.download or config.data.dataset == "synthetic":
         return
-    missing = missing_files(config.data.dataset, config.data.root)
+    try:
+        missing = missing_files(config.data.dataset, config.data.root)
+    except OSError as error:
+        raise ConfigError(f"data.root={_show(config.data.root)} cannot be read ({error.strerror})") from None
     if missing:
         folder = missing[0].parent
         names = ", ".join(path.name for path in missing)
@@ -300,69 +369,94 @@ def _check_dataset_files(config: Config) -> None:
                           f"(put the official files there, or set data.download=true)")
 
 
-def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{key}={value!r} is not one of: {', '.join(allowed)}{_did_you_mean(value, allowed)}")
+# ---- messages ----
+
+_TYPE_WORDS = {"int_type": "an integer", "float_type": "a number", "bool_type": "true or false",
+               "string_type": "a string"}
+_BOUND_ERRORS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
 
 
-def _did_you_mean(word: str, candidates) -> str:
-    close = difflib.get_close_matches(str(word), list(candidates), n=1)
+def _message(error: ValidationError) -> str:
+    """The first problem pydantic found, as one line naming the dotted key and what it admits."""
+    first = error.errors(include_url=False)[0]
+    kind, value, context = first["type"], first["input"], first.get("ctx", {})
+    key = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"])[1:]
+    declared = _declared(first["loc"])
+    if kind == "extra_forbidden":
+        return f"unknown key {_show(key)}{_did_you_mean_key(key)}"
+    if kind in _TYPE_WORDS:
+        return f"{key} must be {_TYPE_WORDS[kind]}, got {_show(value)} ({type(value).__name__})"
+    if kind == "list_type":
+        item = typing.get_args(_list_type(declared))[0]
+        return f"{key} must be a list of {typing.get_args(item)[0].__name__}, got {_show(value)}"
+    if kind in ("model_type", "model_attributes_type"):
+        return f"{key} must be a mapping of keys ({', '.join(declared.model_fields)})"
+    if kind == "literal_error":
+        choices = typing.get_args(declared)
+        return f"{key}={_show(value)} is not one of: {', '.join(choices)}{_did_you_mean(value, choices)}"
+    if kind == "finite_number" or kind in _BOUND_ERRORS:
+        # Shown as the float it was read as (0 as 0.0, '1e3' as 1000.0), or as given when too large
+        # for one. pydantic checks the bounds before finiteness, so a NaN fails "> 0" first.
+        number = _read_float(value) if typing.get_args(declared)[0] is float else value
+        if isinstance(value, int) and number == math.inf:
+            number = value
+        if isinstance(number, float) and not math.isfinite(number):
+            return f"{key}={_show(number)} must be a finite number"
+        return f"{key}={_show(number)} must be {allowed_values(declared)}"
+    if kind in ("too_long", "string_too_long"):
+        return f"{key} may hold at most {context['max_length']} {'entries' if kind == 'too_long' else 'characters'}"
+    if kind == "value_error":
+        return f"{key}={_show(value)} {context['error']}"
+    return f"{key}={_show(value)} is not allowed ({first['msg']})"
+
+
+def _declared(loc: tuple) -> Any:
+    """The declared type at `loc`, without Optional: what its error message describes."""
+    declared = Config
+    for part in loc:
+        if isinstance(part, int):
+            declared = typing.get_args(_list_type(declared))[0]
+        elif isinstance(declared, type) and issubclass(declared, BaseModel) and part in declared.model_fields:
+            declared = _non_optional(typing.get_type_hints(declared, include_extras=True)[part])
+    return declared
+
+
+def _non_optional(declared: Any) -> Any:
+    arguments = [argument for argument in typing.get_args(declared) if argument is not type(None)]
+    return arguments[0] if typing.get_origin(declared) is typing.Union else declared
+
+
+def _list_type(declared: Any) -> Any:
+    return typing.get_args(declared)[0] if typing.get_origin(declared) is Annotated else declared
+
+
+class _ShortRepr(reprlib.Repr):
+    """repr for messages: short, one line, and safe for integers too long for str()."""
+
+    def __init__(self):
+        super().__init__()
+        self.maxstring, self.maxother, self.maxlist, self.maxdict, self.maxlevel = 80, 80, 6, 6, 3
+
+    def repr_int(self, value, level):
+        if value.bit_length() > 256:
+            return f"<an integer of about {round(value.bit_length() * math.log10(2))} digits>"
+        return super().repr_int(value, level)
+
+
+_show = _ShortRepr().repr
+
+
+def _name(path) -> str:
+    """A file name as given, or its short repr when it is long or holds control characters."""
+    text = str(path)
+    return text if 0 < len(text) <= 120 and text.isprintable() else _show(text)
+
+
+def _did_you_mean(word: Any, candidates) -> str:
+    if not isinstance(word, str) or len(word) > 100:
+        return ""
+    close = difflib.get_close_matches(word, list(candidates), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _read_yaml(path: Path) -> dict:
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    try:
-        loaded = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"config file {path} is not valid YAML{where}: "
-                          f"{getattr(error, 'problem', None) or error}") from None
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of keys, not a {type(loaded).__name__}")
-    return loaded
-
-
-def _parse_override(text: str) -> tuple[str, Any]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise ConfigError(f"override {text!r} must look like key=value, e.g. train.rounds=10")
-    try:
-        return key.strip(), yaml.safe_load(value) if value.strip() else None
-    except yaml.YAMLError:
-        raise ConfigError(f"override {text!r}: cannot parse the value {value!r}") from None
-
-
-def _merge(target: dict, source: dict, prefix: str) -> None:
-    for key, value in source.items():
-        dotted = f"{prefix}{key}"
-        if key not in target:
-            raise ConfigError(f"unknown key {dotted!r}{_did_you_mean_key(dotted)}")
-        if isinstance(target[key], dict):
-            if not isinstance(value, dict):
-                raise ConfigError(f"{dotted} must be a mapping of keys ({', '.join(target[key])})")
-            _merge(target[key], value, prefix=f"{dotted}.")
-        else:
-            target[key] = value
-
-
-def _set_dotted(raw: dict, dotted: str, value: Any) -> None:
-    node = raw
-    parts = dotted.split(".")
-    for depth, part in enumerate(parts):
-        if not isinstance(node, dict) or part not in node:
-            raise ConfigError(f"unknown key {dotted!r}{_did_you_mean_key(dotted)}")
-        if depth == len(parts) - 1:
-            if isinstance(node[part], dict):
-                raise ConfigError(f"{dotted} is a section; set one of its keys, e.g. "
-                                  f"{dotted}.{next(iter(node[part]))}=...")
-            node[part] = value
-        else:
-            node = node[part]
 
 
 def all_keys() -> list[str]:
@@ -381,6 +475,8 @@ def all_keys() -> list[str]:
 def _did_you_mean_key(dotted: str) -> str:
     """Prefers a key of the same section that the typed leaf begins (lr -> lr_local), then
     the closest spelling, then the same leaf in another section (rounds -> train.rounds)."""
+    if len(dotted) > 100:
+        return ""
     keys = all_keys()
     section, _, leaf = dotted.rpartition(".")
     same_section = [k for k in keys if k.rpartition(".")[0] == section]
@@ -390,47 +486,99 @@ def _did_you_mean_key(dotted: str) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _from_dict(cls, raw: dict, prefix: str):
-    hints = typing.get_type_hints(cls)
-    values = {}
-    for spec in dataclasses.fields(cls):
-        dotted = f"{prefix}{spec.name}"
-        hint = hints[spec.name]
-        value = raw[spec.name]
-        if dataclasses.is_dataclass(hint):
-            values[spec.name] = _from_dict(hint, value, prefix=f"{dotted}.")
-        else:
-            values[spec.name] = _coerce(dotted, value, hint)
-    return cls(**values)
+# ---- YAML files and overrides ----
 
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reports, as a YAML error with its position, what would otherwise end in a
+    RecursionError (deep nesting) or a ValueError (an integer of thousands of digits, 2024-13-45)."""
+    depth = 0
 
-def _coerce(key: str, value: Any, hint) -> Any:
-    """Checks `value` against the annotated type; ints are accepted where floats are expected."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        options = [arg for arg in typing.get_args(hint) if arg is not type(None)]
-        if value is None:
-            return None
-        return _coerce(key, value, options[0])
-    if origin is list:
-        (item_type,) = typing.get_args(hint)
-        if not isinstance(value, list):
-            raise ConfigError(f"{key} must be a list of {item_type.__name__}, got {value!r}")
-        return [_coerce(f"{key}[{index}]", item, item_type) for index, item in enumerate(value)]
-    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if hint is float and isinstance(value, str):
-        # YAML 1.1 reads 1e9 (no dot) as a string; researchers write it that way.
+    def compose_node(self, parent, index):
+        self.depth += 1
         try:
-            return float(value)
-        except ValueError:
-            pass
-    if hint is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if hint in (bool, str) and isinstance(value, hint):
-        return value
-    raise ConfigError(f"{key} must be {_type_name(hint)}, got {value!r} ({type(value).__name__})")
+            if self.depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_YAML_DEPTH} levels deep",
+                                                  self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep)
+        except ValueError as error:
+            reason = str(error).split(";")[0]
+            raise yaml.constructor.ConstructorError(None, None, f"cannot read {_show(node.value)} ({reason})",
+                                                    node.start_mark) from None
 
 
-def _type_name(hint) -> str:
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(hint, str(hint))
+def _parse_yaml(text: str, what: str, positions: bool = True) -> Any:
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark and positions else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise ConfigError(f"{what} is not valid YAML{where}: {problem}") from None
+
+
+def _read_yaml(path: str | os.PathLike) -> dict:
+    where = f"config file {_name(path)}"
+    problem = _path_problem(os.fspath(path))
+    if problem:
+        raise ConfigError(f"{where} {problem}")
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if not path.is_file():
+            raise ConfigError(f"{where} is not a file")
+        if size > MAX_CONFIG_FILE_BYTES:
+            raise ConfigError(f"{where} holds {size} bytes; a config file may hold at most {MAX_CONFIG_FILE_BYTES}")
+        data = path.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        raise ConfigError(f"{where} does not exist") from None
+    except OSError as error:
+        raise ConfigError(f"{where} cannot be read ({error.strerror})") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{where} is not UTF-8 text (byte 0x{data[error.start]:02x} at offset "
+                          f"{error.start})") from None
+    loaded = _parse_yaml(text, where)
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{where} must hold a mapping of keys, not a {type(loaded).__name__}")
+    return loaded
+
+
+def _apply_override(raw: dict, text: str) -> None:
+    dotted, separator, value = text.partition("=")
+    dotted = dotted.strip()
+    if not separator or not dotted:
+        raise ConfigError(f"override {_show(text)} must look like key=value, e.g. train.rounds=10")
+    node = raw
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        node = node.get(part)
+        if not isinstance(node, dict):
+            raise ConfigError(f"unknown key {_show(dotted)}{_did_you_mean_key(dotted)}")
+    leaf = parts[-1]
+    if leaf not in node:
+        raise ConfigError(f"unknown key {_show(dotted)}{_did_you_mean_key(dotted)}")
+    if isinstance(node[leaf], dict):
+        raise ConfigError(f"{dotted} is a section; set one of its keys, e.g. {dotted}.{next(iter(node[leaf]))}=...")
+    node[leaf] = _parse_yaml(value, f"the value of {dotted}", positions=False) if value.strip() else None
+
+
+def _merge(target: dict, source: dict, prefix: str) -> None:
+    for key, value in source.items():
+        dotted = f"{prefix}{key}"
+        if key not in target:
+            raise ConfigError(f"unknown key {_show(dotted)}{_did_you_mean_key(dotted)}")
+        if isinstance(target[key], dict):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{dotted} must be a mapping of keys ({', '.join(target[key])})")
+            _merge(target[key], value, prefix=f"{dotted}.")
+        else:
+            target[key] = value

@@ -51,6 +51,92 @@ def test_bad_overrides(in_tmp, capsys, overrides, expected):
     fails_cleanly(capsys, ["run", *overrides, "--out", "out"], *expected)
 
 
+# Each of these once ended in a traceback, a hang or a crash later in the run.
+BAD_INPUTS = {
+    "non-UTF-8 file": ({"bad.yaml": b"seed: \xff\xfe\n"}, ["bad.yaml"],
+                       ["config file bad.yaml is not UTF-8 text (byte 0xff at offset 6)"]),
+    "5000-deep list": ({"bad.yaml": b"a: " + b"[" * 5000 + b"]" * 5000}, ["bad.yaml"],
+                       ["config file bad.yaml is not valid YAML at line 1", "nested more than 32 levels"]),
+    "5000-deep mapping": ({"bad.yaml": b"a: " + b"{a: " * 5000 + b"1" + b"}" * 5000}, ["bad.yaml"],
+                          ["config file bad.yaml is not valid YAML", "nested more than 32 levels"]),
+    "1000-deep block mapping": ({"bad.yaml": "".join(" " * depth + "a:\n" for depth in range(1000)).encode()},
+                                ["bad.yaml"], ["config file bad.yaml is not valid YAML", "nested more than 32"]),
+    "100,000-digit override": ({}, ["seed=" + "1" * 100_000], ["the value of seed is not valid YAML", "4300 digits"]),
+    "100,000-digit in a file": ({"bad.yaml": b"seed: " + b"1" * 100_000}, ["bad.yaml"],
+                                ["config file bad.yaml is not valid YAML at line 1, column 7", "4300 digits"]),
+    "huge seed": ({}, ["seed=" + "9" * 30], ["seed=" + "9" * 30 + " must be >= 0 and at most 9223372036854775807"]),
+    "300-character path": ({}, ["c" * 295 + ".yaml"], ["config file 'ccc", "has a name of 300 bytes", "at most 255"]),
+    "file too big": ({"big.yaml": b"#" * (2**20 + 1)}, ["big.yaml"], ["config file big.yaml holds 1048577 bytes"]),
+    "infinite gpus": ({}, ["engine.worker_gpus=.inf"], ["engine.worker_gpus=inf must be a finite number"]),
+    "1e308 cpus": ({}, ["engine.worker_cpus=1e308"], ["engine.worker_cpus=1e+308 must be > 0 and at most 1024"]),
+    "1e24 restarts": ({}, ["engine.worker_max_restarts=1e24"], ["engine.worker_max_restarts must be an integer"]),
+    "10**24 restarts": ({}, ["engine.worker_max_restarts=" + "1" + "0" * 24],
+                        ["engine.worker_max_restarts=1" + "0" * 24 + " must be >= 0 and at most 1000"]),
+    "1001 restarts": ({}, ["engine.worker_max_restarts=1001"], ["must be >= 0 and at most 1000"]),
+    "a million synthetic clients": ({}, ["data.num_clients=1000000"],
+                                    ["the run needs about 496.0 GB (data 496.0 GB)", "more than this machine's 32.0 GB",
+                                     "lower data.num_clients"]),
+    "billion-wide layer": ({}, ["model.name=mlp", "model.hidden_sizes=[1000000000]"],
+                           ["the run needs about", "models 3504.0 GB", "model.hidden_sizes"]),
+    "MIFA's states of 100,000 LeNets": ({}, ["algorithm.name=mifa", "data.dataset=cifar10_random", "model.name=lenet5",
+                                            "data.num_clients=100000", "data.partition=iid"],
+                                        ["client states 376.7 GB", "an algorithm without client state"]),
+    "NUL in a trace path": ({"bad.yaml": b'systems:\n  trace: "a\\0b.csv"\n'}, ["bad.yaml"],
+                            [r"systems.trace='a\x00b.csv' contains a NUL byte"]),
+    "raw NUL in an override": ({}, ["systems.trace=a\0b.csv"], ["the value of systems.trace is not valid YAML"]),
+    "NUL in data.root": ({}, ['data.root="x\\0y"'], [r"data.root='x\x00y' contains a NUL byte"]),
+    "300-byte name in data.root": ({}, ["data.root=" + "r" * 300], ["data.root='rrr", "a name of 300 bytes"]),
+    "5000-byte data.root": ({}, ["data.root=" + "/".join(["r" * 200] * 25)], ["is 5024 bytes long"]),
+    "NaN overcommit": ({}, ["train.overcommit=.nan"], ["train.overcommit=nan must be a finite number"]),
+    "1e308 learning rate": ({}, ["algorithm.lr_local=1e308"], ["algorithm.lr_local=1e+308 must be > 0 and at most 1e6"]),
+    "'nan' learning rate": ({}, ["algorithm.lr_local='nan'"], ["algorithm.lr_local=nan must be a finite number"]),
+    "'inf' learning rate": ({}, ['algorithm.lr_global="inf"'], ["algorithm.lr_global=inf must be a finite number"]),
+    "'.inf' learning rate": ({}, ["algorithm.lr_local='.inf'"], ["algorithm.lr_local must be a number, got '.inf'"]),
+    "1e400 learning rate": ({}, ["algorithm.lr_local=1e400"], ["algorithm.lr_local=inf must be a finite number"]),
+    "infinite delay": ({}, ["engine.fault_injection=['delay:0:1:inf']"],
+                       ["engine.fault_injection entry 'delay:0:1:inf' must be"]),
+    "infinite round timeout": ({}, ["engine.round_timeout_s=.inf"], ["engine.round_timeout_s=inf must be a finite"]),
+    "infinite markov step time": ({}, ["systems.availability=markov", "systems.step_time_s=.inf"],
+                                  ["systems.step_time_s=inf must be a finite number"]),
+    "markov round over a billion periods": ({}, ["systems.availability=markov", "systems.step_time_s=1e9"],
+                                            ["systems.availability=markov: a round of about 5e+09 virtual seconds",
+                                             "more than the 1000"]),
+    "lenet5 on synthetic": ({}, ["model.name=lenet5"],
+                            ["model.name=lenet5 does not fit data.dataset=synthetic (inputs of shape (60,)): ",
+                             "; use one of: logreg, mlp"]),
+    "vgg11 on mnist": ({}, ["model.name=vgg11", "data.dataset=mnist", "data.download=true"],
+                       ["model.name=vgg11 does not fit data.dataset=mnist (inputs of shape (1, 28, 28)): ",
+                        "32x32", "; use one of: logreg, mlp, lenet5"]),
+    "batch of one with BatchNorm": ({}, ["model.name=mlp", "train.batch_size=1"],
+                                    ["train.batch_size=1: model.name=mlp has BatchNorm", "batches of one"]),
+    "server restarts above 100": ({}, ["engine.server_max_restarts=101"],
+                                  ["engine.server_max_restarts=101 must be >= 0 and at most 100"]),
+    "zero connect timeout": ({}, ["engine.connect_timeout_s=0"],
+                             ["engine.connect_timeout_s=0.0 must be > 0 and at most 3600"]),
+    "newline in a value": ({"bad.yaml": b'engine:\n  address: "a\\nb"\n'}, ["bad.yaml"],
+                           [r"engine.address='a\nb' must be printable text"]),
+    "newline in a key": ({"bad.yaml": b'"a\\nb": 1\n'}, ["bad.yaml"], [r"unknown key 'a\nb'"]),
+    "newline in a missing folder": ({}, ['data.root="a\\nb"', "data.dataset=mnist"],
+                                    [r"mnist files missing under a\nb"]),
+}
+
+
+@pytest.mark.parametrize("command", ["run", "config"])
+@pytest.mark.parametrize("files, items, expected", BAD_INPUTS.values(), ids=BAD_INPUTS)
+def test_bad_input_fails_with_one_line(in_tmp, capsys, monkeypatch, command, files, items, expected):
+    # The memory check compares with this machine's memory; the messages are for a 32 GB one.
+    monkeypatch.setattr("rayfed.resources.physical_memory_bytes", lambda: 32 * 10**9)
+    for name, content in files.items():
+        (in_tmp / name).write_bytes(content)
+    out = ["--out", "out"] if command == "run" else []
+    fails_cleanly(capsys, [command, *items, *out], *expected)
+
+
+def test_negative_zero_is_zero(in_tmp, capsys):
+    assert main(["config", "data.synthetic_alpha=-0.0"]) == 0
+    assert "  synthetic_alpha: 0.0\n" in capsys.readouterr().out
+
+
 def test_missing_dataset_files_name_the_folder_and_files(in_tmp, capsys):
     fails_cleanly(capsys, ["run", "data.dataset=mnist", "data.root=nowhere"],
                   os.path.join("nowhere", "MNIST", "raw"), "train-images-idx3-ubyte", "data.download=true")
@@ -111,8 +197,10 @@ def test_quick_start_runs_from_the_command_line(in_tmp):
 
 def test_gpu_request_on_a_gpu_less_machine_fails_cleanly(in_tmp):
     """rayfed starts its own Ray here, finds no GPU for the workers, stops Ray and says so in one line."""
+    # An empty CUDA_VISIBLE_DEVICES hides every GPU from Ray and torch, so this machine looks GPU-less.
     completed = subprocess.run([sys.executable, "-m", "rayfed", "run", "engine.worker_gpus=0.5", "--out", "out"],
-                               capture_output=True, text=True, timeout=300)
+                               capture_output=True, text=True, timeout=300,
+                               env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert completed.returncode == 2
     assert completed.stderr == ("rayfed: error: engine.num_workers=2 x engine.worker_gpus + engine.server_gpus "
                                 "needs 1 GPUs but the Ray cluster has 0\n")

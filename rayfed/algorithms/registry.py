@@ -1,8 +1,14 @@
-"""Algorithm names, the hyper-parameters each one takes, and construction from a config."""
+"""Algorithm names, the hyper-parameters each one takes and the values they admit, and
+construction from a config."""
 from __future__ import annotations
 
+import reprlib
+import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Annotated, Any, Callable, Literal
+
+import annotated_types
+from pydantic import Field, TypeAdapter, ValidationError
 
 from rayfed.algorithms.base import Algorithm
 from rayfed.algorithms.fedavg import FedAvgM
@@ -12,6 +18,26 @@ from rayfed.errors import ConfigError
 
 # Keys of AlgorithmConfig that every algorithm takes; the others are per-algorithm.
 COMMON_KEYS = ("name", "lr_local", "lr_global", "agg_weighting")
+# Far above any useful value; a bound keeps a typo like 1e30 from overflowing the updates.
+MAX_COEFFICIENT = 1e6
+MAX_MEMORY_SIZE = 10**7
+
+_Decay = Annotated[float, Field(ge=0.0, lt=1.0)]
+_Coefficient = Annotated[float, Field(ge=0.0, le=MAX_COEFFICIENT)]
+
+# What a set per-algorithm key admits, whichever algorithm takes it. AlgorithmConfig checks the
+# type and finiteness; the ranges are here, beside the algorithms they come from.
+HYPERPARAMETERS: dict[str, Any] = {
+    "beta1": _Decay,
+    "mu": _Coefficient,
+    "beta2": _Decay,
+    "memory_size": Annotated[int, Field(ge=0, le=MAX_MEMORY_SIZE)],
+    "anchor_mode": Literal["last_local", "global"],
+    "qp_scope": Literal["model", "tensor"],
+    "qp_margin_local": _Coefficient,
+    "qp_margin_global": _Coefficient,
+}
+_CHECKERS = {key: TypeAdapter(declared) for key, declared in HYPERPARAMETERS.items()}
 
 
 @dataclass(frozen=True)
@@ -38,17 +64,6 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
     "gradma": AlgorithmEntry(GradMA, {**_QP_GLOBAL, **_QP_LOCAL}, {"correct_locally": True}),
 }
 
-RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "beta1": (lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
-    "beta2": (lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
-    "mu": (lambda v: v >= 0.0, ">= 0"),
-    "memory_size": (lambda v: v >= 0, ">= 0 (0: no memory)"),
-    "anchor_mode": (lambda v: v in ("last_local", "global"), "one of: last_local, global"),
-    "qp_scope": (lambda v: v in ("model", "tensor"), "one of: model, tensor"),
-    "qp_margin_local": (lambda v: v >= 0.0, ">= 0"),
-    "qp_margin_global": (lambda v: v >= 0.0, ">= 0"),
-}
-
 
 def resolve_hyperparameters(algorithm_config) -> None:
     """Fills the algorithm's defaults into unset keys, in place; a key set for an algorithm
@@ -57,20 +72,45 @@ def resolve_hyperparameters(algorithm_config) -> None:
     if not entry.weighted and algorithm_config.agg_weighting != "uniform":
         raise ConfigError(f"algorithm.agg_weighting={algorithm_config.agg_weighting} does not apply to "
                           f"{algorithm_config.name}, which averages the latest updates of all clients")
-    for key in vars(algorithm_config):
-        if key in COMMON_KEYS:
-            continue
+    for key, checker in _CHECKERS.items():
         value = getattr(algorithm_config, key)
-        if key in entry.defaults:
-            if value is None:
-                setattr(algorithm_config, key, entry.defaults[key])
-            else:
-                ok, allowed = RANGES[key]
-                if not ok(value):
-                    raise ConfigError(f"algorithm.{key}={value!r} must be {allowed}")
-        elif value is not None:
-            takes = ", ".join(f"algorithm.{k}" for k in (*COMMON_KEYS[1:], *entry.defaults))
-            raise ConfigError(f"algorithm.{key} is not a parameter of {algorithm_config.name} (it takes {takes})")
+        if key not in entry.defaults:
+            if value is not None:
+                takes = ", ".join(f"algorithm.{k}" for k in (*COMMON_KEYS[1:], *entry.defaults))
+                raise ConfigError(f"algorithm.{key} is not a parameter of {algorithm_config.name} (it takes {takes})")
+        elif value is None:
+            setattr(algorithm_config, key, entry.defaults[key])
+        else:
+            try:
+                checker.validate_python(value)
+            except ValidationError:
+                raise ConfigError(f"algorithm.{key}={reprlib.repr(value)} must be "
+                                  f"{allowed_values(HYPERPARAMETERS[key])}") from None
+
+
+def allowed_values(declared) -> str:
+    """What a declared type admits, in words for a message: 'in [0, 1)', '> 0 and at most 1e6',
+    'one of: model, tensor'."""
+    if typing.get_origin(declared) is Literal:
+        return "one of: " + ", ".join(map(str, typing.get_args(declared)))
+    bounds = {name: getattr(constraint, name)
+              for info in typing.get_args(declared)[1:] for constraint in getattr(info, "metadata", ())
+              for name in ("gt", "ge", "lt", "le") if isinstance(constraint, getattr(annotated_types, name.title()))}
+    if "lt" in bounds and ("gt" in bounds or "ge" in bounds):
+        opening, lower = ("(", bounds["gt"]) if "gt" in bounds else ("[", bounds["ge"])
+        return f"in {opening}{_number(lower)}, {_number(bounds['lt'])})"
+    words = [f"{symbol} {_number(bounds[name])}" for name, symbol in (("gt", ">"), ("ge", ">=")) if name in bounds]
+    if "le" in bounds:
+        words.append(f"at most {_number(bounds['le'])}")
+    return " and ".join(words)
+
+
+def _number(value) -> str:
+    """1e+06 as 1e6; integers in full, as they would be typed."""
+    if isinstance(value, int):
+        return str(value)
+    mantissa, _, exponent = f"{value:g}".partition("e")
+    return f"{mantissa}e{int(exponent)}" if exponent else mantissa
 
 
 def build_algorithm(algorithm_config, local_steps: int, param_blocks: list[tuple[int, int]]) -> Algorithm:

@@ -1,0 +1,174 @@
+"""What a run will need, known from its config alone, checked before anything starts: a model that
+takes the dataset's inputs, memory this machine has, and an availability model that can keep up
+with the virtual clock. A run that would crash or be killed hours in stops here with one line."""
+from __future__ import annotations
+
+import functools
+import math
+import os
+from typing import NamedTuple
+
+import torch
+
+from rayfed.data.datasets import (RANDOM_CLASSES, RANDOM_IMAGE_SHAPE, RANDOM_TEST_SIZE, RANDOM_TRAIN_SIZE,
+                                  SYNTHETIC_CLASSES, SYNTHETIC_DIMENSION)
+from rayfed.errors import ConfigError
+from rayfed.models import build_model
+
+MODEL_NAMES = ("logreg", "mlp", "lenet5", "vgg11")
+FLOAT32_BYTES = 4
+FLOAT64_BYTES = 8
+LABEL_BYTES = 8
+# Vectors of d floats each process keeps besides the algorithm's state: the model, its gradient,
+# the broadcast and an update in flight.
+MODEL_COPIES_PER_PROCESS = 4
+# MarkovOnline walks each client's on/off periods up to the current virtual time: a round that
+# spans this many of them costs about as much as the round's training, and far more never ends.
+MAX_MARKOV_PERIODS_PER_ROUND = 1000
+
+
+class DatasetShape(NamedTuple):
+    input_shape: tuple[int, ...]
+    num_classes: int
+    num_samples: int | None      # train + test; None for synthetic, whose size follows the config
+
+
+DATASET_SHAPES = {
+    "synthetic": DatasetShape((SYNTHETIC_DIMENSION,), SYNTHETIC_CLASSES, None),
+    "mnist": DatasetShape((1, 28, 28), 10, 70_000),
+    "fashion_mnist": DatasetShape((1, 28, 28), 10, 70_000),
+    "cifar10": DatasetShape((3, 32, 32), 10, 60_000),
+    "cifar100": DatasetShape((3, 32, 32), 100, 60_000),
+    "cifar10_random": DatasetShape(RANDOM_IMAGE_SHAPE, RANDOM_CLASSES, RANDOM_TRAIN_SIZE + RANDOM_TEST_SIZE),
+}
+
+
+@functools.lru_cache(maxsize=64)
+def meta_model(name: str, dataset: str, hidden_sizes: tuple[int, ...]) -> torch.nn.Module:
+    """The model for `dataset` on the meta device: shapes without storage, so that building even a
+    billion-wide layer costs nothing. Raises what build_model raises for a model that does not fit."""
+    shape = DATASET_SHAPES[dataset]
+    with torch.device("meta"):
+        return build_model(name, shape.input_shape, shape.num_classes, list(hidden_sizes))
+
+
+@functools.lru_cache(maxsize=64)
+def input_misfit(name: str, dataset: str) -> str | None:
+    """Why model `name` cannot take the dataset's inputs, or None: a forward pass of a zero batch of
+    two. Whether the layers chain depends on the input shape, not on the hidden widths, so the
+    model is built with the narrowest ones; its weights are left uninitialised (only shapes matter),
+    and the pass runs on the CPU because on the meta device it would import torch._dynamo (seconds)."""
+    shape = DATASET_SHAPES[dataset]
+    try:
+        model = meta_model(name, dataset, (1,)).to_empty(device="cpu").eval()
+        with torch.no_grad():
+            model(torch.zeros(2, *shape.input_shape))
+    except (ConfigError, RuntimeError, ValueError) as error:
+        return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    return None
+
+
+def check_model(config) -> torch.nn.Module:
+    """The run's model on the meta device, once it is known to take the dataset's inputs and to
+    train on the configured batches."""
+    name, dataset = config.model.name, config.data.dataset
+    problem = input_misfit(name, dataset)
+    if problem:
+        fitting = [other for other in MODEL_NAMES if not input_misfit(other, dataset)]
+        raise ConfigError(f"model.name={name} does not fit data.dataset={dataset} (inputs of shape "
+                          f"{DATASET_SHAPES[dataset].input_shape}): {problem}; use one of: {', '.join(fitting)}")
+    model = meta_model(name, dataset, tuple(config.model.hidden_sizes))
+    if config.train.batch_size == 1 and any(isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
+                                            for module in model.modules()):
+        raise ConfigError(f"train.batch_size=1: model.name={name} has BatchNorm, which cannot train on "
+                          f"batches of one sample; use train.batch_size >= 2 or model.name=logreg")
+    return model
+
+
+def check_availability_walk(config, model: torch.nn.Module) -> None:
+    """With markov availability, a round's virtual time (its slowest sampled client's, at the
+    configured spreads) against the shorter mean on/off period."""
+    systems, train = config.systems, config.train
+    if systems.availability != "markov":
+        return
+    model_bytes = FLOAT32_BYTES * sum(parameter.numel() for parameter in model.parameters())
+    median_s = (train.local_steps * systems.step_time_s + model_bytes / systems.upload_bps
+                + model_bytes / systems.download_bps)
+    # The largest of S standard normals is about sqrt(2 ln S).
+    tail = math.sqrt(2 * math.log(max(train.clients_per_round, 2)))
+    round_s = median_s * math.exp(tail * max(systems.step_time_spread, systems.bandwidth_spread))
+    if train.deadline_s is not None:
+        round_s = min(round_s, train.deadline_s)
+    round_s = max(round_s, systems.idle_wait_s)
+    period_s = min(systems.mean_online_s, systems.mean_offline_s)
+    if round_s / period_s > MAX_MARKOV_PERIODS_PER_ROUND:
+        raise ConfigError(f"systems.availability=markov: a round of about {round_s:.3g} virtual seconds spans "
+                          f"about {round_s / period_s:.3g} on/off periods of {period_s:g} s, more than the "
+                          f"{MAX_MARKOV_PERIODS_PER_ROUND} a round may walk; raise systems.mean_online_s and "
+                          f"systems.mean_offline_s, or lower systems.step_time_s or systems.idle_wait_s")
+
+
+def estimate_memory(config, model: torch.nn.Module) -> dict[str, int]:
+    """Bytes the run holds, by what holds them. On a Ray cluster the server and the workers may
+    live on other machines, so only the driver's copy of the data counts against this one."""
+    data = config.data
+    shape = DATASET_SHAPES[data.dataset]
+    samples = data.num_clients * data.synthetic_max_samples if shape.num_samples is None else shape.num_samples
+    data_bytes = samples * (math.prod(shape.input_shape) * FLOAT32_BYTES + LABEL_BYTES)
+    engine = config.engine
+    if engine.backend == "ray" and (engine.address or os.environ.get("RAY_ADDRESS")):
+        return {"data": data_bytes}
+    params = [parameter.numel() for parameter in model.parameters()]
+    vector_bytes = sum(params) * FLOAT32_BYTES
+    algorithm = config.algorithm
+    parts = {
+        # The driver's copy, and on ray the object store's, which the workers read without copying.
+        "data": data_bytes * (2 if engine.backend == "ray" else 1),
+        "models": (engine.num_workers + 1) * MODEL_COPIES_PER_PROCESS * vector_bytes,
+        "uploads": config.train.clients_per_round * vector_bytes,
+        "client states": _client_state_rows(config) * vector_bytes,
+    }
+    memory_rows = min(algorithm.memory_size or 0, data.num_clients)
+    if memory_rows:
+        grams = len(params) if algorithm.qp_scope == "tensor" else 1
+        parts["server memory"] = memory_rows * vector_bytes + grams * memory_rows ** 2 * FLOAT64_BYTES
+    return parts
+
+
+def _client_state_rows(config) -> int:
+    """How many d-vectors the clients keep between rounds, at most."""
+    algorithm = config.algorithm
+    if algorithm.name in ("mifa", "mifam"):
+        return config.data.num_clients          # every client's latest update
+    if algorithm.name in ("gradma_w", "gradma") and algorithm.anchor_mode == "last_local":
+        return config.data.num_clients          # every client's last local model
+    return 0
+
+
+def physical_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+# What lowers each part, for the message.
+_REMEDIES = {
+    "data": "lower data.num_clients or data.synthetic_max_samples",
+    "models": "use a smaller model (model.name, model.hidden_sizes) or fewer engine.num_workers",
+    "uploads": "use a smaller model or lower train.clients_per_round",
+    "client states": "lower data.num_clients, use a smaller model, or an algorithm without client state",
+    "server memory": "lower algorithm.memory_size or use a smaller model",
+}
+
+
+def check_memory(config, model: torch.nn.Module) -> None:
+    parts = estimate_memory(config, model)
+    needed, available = sum(parts.values()), physical_memory_bytes()
+    if needed <= available:
+        return
+    largest = max(parts, key=parts.get)
+    shares = ", ".join(f"{part} {_gigabytes(size)}" for part, size in parts.items() if size >= needed / 100)
+    raise ConfigError(f"the run needs about {_gigabytes(needed)} ({shares}), more than this machine's "
+                      f"{_gigabytes(available)}; {_REMEDIES[largest]}")
+
+
+def _gigabytes(size: int) -> str:
+    return f"{size / 1e9:.1f} GB"
