@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -13,16 +13,22 @@ from pathlib import Path
 from torch import Tensor
 
 from rayfed.algorithms.registry import build_algorithm
-from rayfed.checkpoint import load_checkpoint, recover_workers, restore_checkpoint, save_checkpoint
-from rayfed.config import Config, load_config, resolve
+from rayfed.checkpoint import CHECKPOINT, Checkpoint, check_belongs_to, lines_before, read_checkpoint
+from rayfed.config import Config, check_path, load_config, resolve
 from rayfed.data import Dataset, Partition, class_histogram, load_dataset, make_partition, write_histogram_csv
-from rayfed.engine import make_engine, run_rounds
+from rayfed.engine import make_engine
 from rayfed.engine.process_memory import peak_rss, total_peak_rss
+from rayfed.engine.supervisor import Supervisor
 from rayfed.engine.vectorized import vectorize_blocker
-from rayfed.errors import ConfigError
-from rayfed.metrics import MetricsLog, ProgressBar, summarize, write_json_atomic
+from rayfed.errors import ConfigError, RunFinished, RunStopped
+from rayfed.metrics import ProgressBar, summarize, write_json_atomic
 from rayfed.models import FlatModel, build_model
 from rayfed.systems.clients import make_client_systems
+
+
+# What a run writes into its directory; removed again when it fails before its first round.
+RUN_FILES = ("config.yaml", "partition.csv", "metrics.jsonl", "metrics.jsonl.tmp", "summary.json", CHECKPOINT,
+             CHECKPOINT + ".tmp")
 
 
 @dataclass
@@ -36,38 +42,32 @@ class Result:
 
 def run(config: Config, run_dir: str | Path | None = None, progress: bool = True) -> Result:
     """Trains `config` and writes its run directory (a fresh one under ./runs unless `run_dir`).
-    Bad input raises ConfigError before anything is started or written."""
+    Bad input raises ConfigError before anything is started or written; a run that cannot go on
+    (divergence, actors out of restarts) raises RunStopped after writing what it computed."""
     started = time.perf_counter()
     config = resolve(config)
     if run_dir is not None:
-        run_dir = Path(run_dir)
-        if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-            raise ConfigError(f"output directory {run_dir} exists and is not empty; "
-                              f"choose a new --out or remove it")
+        run_dir = _check_out(Path(run_dir))
     return _execute(config, run_dir, progress, started)
 
 
 def resume(run_dir: str | Path, progress: bool = True) -> Result:
     """Continues the run in `run_dir` from its last checkpoint, with its own config.yaml; the final
-    model is bitwise the one an uninterrupted run would have produced."""
+    model is bitwise the one an uninterrupted run would have produced. The run directory is
+    checked first: a checkpoint that does not belong to it, or files changed since it was written,
+    are a ConfigError and change nothing; a finished run is RunFinished."""
     started = time.perf_counter()
     run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
+    if not str(run_dir).strip() or not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"{str(run_dir)!r} is not a run directory (no config.yaml)")
     config = load_config(run_dir / "config.yaml")
-    checkpoint = load_checkpoint(run_dir)
-    completed = checkpoint["rounds_completed"]
-    if completed >= config.train.rounds:
-        raise ConfigError(f"{run_dir} already completed its {config.train.rounds} rounds")
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()[:completed]
-    if len(lines) < completed:
-        raise ConfigError(f"{run_dir}/metrics.jsonl has {len(lines)} rounds but the checkpoint {completed}")
-    history = [json.loads(line) for line in lines]
-    # Rounds after the checkpoint are run again, so their lines go.
-    temporary = run_dir / "metrics.jsonl.tmp"
-    temporary.write_text("".join(line + "\n" for line in lines))
-    os.replace(temporary, run_dir / "metrics.jsonl")
-    return _execute(config, run_dir, progress, started, checkpoint=checkpoint, history=history)
+    finished = _rounds_finished(run_dir)
+    if finished == config.train.rounds:
+        raise RunFinished(f"{run_dir} finished all its {finished} rounds; nothing to resume")
+    checkpoint = read_checkpoint(run_dir)
+    check_belongs_to(run_dir, checkpoint, config)
+    lines = lines_before(run_dir, checkpoint)
+    return _execute(config, run_dir, progress, started, checkpoint=checkpoint, lines=lines)
 
 
 def load_data(config: Config) -> tuple[Dataset, Partition]:
@@ -83,69 +83,80 @@ def load_data(config: Config) -> tuple[Dataset, Partition]:
 
 
 def _execute(config: Config, run_dir: Path | None, progress: bool, started: float,
-             checkpoint: dict | None = None, history: list[dict] | None = None) -> Result:
+             checkpoint: Checkpoint | None = None, lines: list[bytes] = ()) -> Result:
     client_systems = make_client_systems(config)
     data_started = time.perf_counter()
     dataset, partition = load_data(config)
     data_time_s = time.perf_counter() - data_started
     config = _without_unsupported_vectorize(config, dataset)
     engine = make_engine(config, dataset, partition, client_systems)
-    history = list(history or [])
+    created, new_files = None, False
+    bar = ProgressBar(config.train.rounds, progress, initial=len(lines))
+    supervisor = None
     try:
         if checkpoint is None:
-            run_dir = _create_run_dir(run_dir, config)
+            run_dir, created = _create_run_dir(run_dir, config)
+            new_files = True
             (run_dir / "config.yaml").write_text(config.to_yaml())
             write_histogram_csv(run_dir / "partition.csv",
                                 class_histogram(partition, dataset.train_y, dataset.num_classes))
-        else:
-            restore_checkpoint(engine, checkpoint)
+        supervisor = Supervisor(engine, config, run_dir, [json.loads(line) for line in lines], bar)
+        if checkpoint is not None:
+            supervisor.restore(checkpoint)
+            # Rounds after the checkpoint run again, so their lines go.
+            supervisor.log.rewrite(list(lines))
         startup_s = time.perf_counter() - started
-        history += _train(engine, config, run_dir, progress, first_round=len(history))
-        params = engine.get(engine.server.global_params())
-        buffers = engine.get(engine.server.broadcast()).buffers
-        server_state_bytes = engine.get(engine.server.state_bytes())
-        client_state_bytes = sum(engine.get([worker.client_state_bytes() for worker in engine.workers]))
-        peaks = [peak_rss(), *engine.get([engine.server.peak_rss(), *(worker.peak_rss() for worker in engine.workers)])]
+        supervisor.run()
+        final = supervisor.final_state()
+    except BaseException as error:
+        history = supervisor.history if supervisor is not None else []
+        if new_files and not history:
+            # Nothing was computed: a run directory with no rounds would only mislead.
+            _remove_new_run(run_dir, created)
+        elif run_dir is not None and history:
+            status = error.status if isinstance(error, RunStopped) else "interrupted"
+            write_json_atomic(run_dir / "summary.json", {**summarize(history), "status": status,
+                                                         "stopped_because": str(error) or type(error).__name__,
+                                                         **_identity(config, started)})
+        error.run_dir, error.rounds_completed = run_dir, len(history)
+        raise
     finally:
+        bar.close()
+        if supervisor is not None:
+            supervisor.log.close()
         engine.shutdown()
+    history = supervisor.history
     summary = {
         **summarize(history),
-        "wall_time_s": time.perf_counter() - started,
+        "status": "finished",
+        **_identity(config, started),
         "startup_time_s": startup_s,
         "data_time_s": data_time_s,
-        "peak_rss_bytes": total_peak_rss(peaks),
-        "algorithm": config.algorithm.name,
-        "dataset": config.data.dataset,
-        "num_clients": config.data.num_clients,
-        "num_params": int(params.numel()),
-        "server_state_bytes": server_state_bytes,
-        "client_state_bytes": client_state_bytes,
-        "seed": config.seed,
+        "peak_rss_bytes": total_peak_rss([peak_rss(), *final["peaks"]]),
+        "num_params": int(final["params"].numel()),
+        "server_state_bytes": final["server_state_bytes"],
+        "client_state_bytes": final["client_state_bytes"],
+        "server_restarts": final["server_restarts"],
         "vectorized": config.engine.vectorize,
     }
     write_json_atomic(run_dir / "summary.json", summary)
-    return Result(history, summary, run_dir, params, buffers)
+    return Result(history, summary, run_dir, final["params"], final["buffers"])
 
 
-def _train(engine, config: Config, run_dir: Path, progress: bool, first_round: int) -> list[dict]:
-    log = MetricsLog(run_dir / "metrics.jsonl")
-    bar = ProgressBar(config.train.rounds, progress, initial=first_round)
-    every = config.train.checkpoint_every
-    history = []
+def _identity(config: Config, started: float) -> dict:
+    return {"wall_time_s": time.perf_counter() - started, "algorithm": config.algorithm.name,
+            "dataset": config.data.dataset, "num_clients": config.data.num_clients, "seed": config.seed}
+
+
+def _rounds_finished(run_dir: Path) -> int | None:
+    """The rounds of a run that ended normally, from its summary.json; None if it has not."""
     try:
-        for metrics in run_rounds(engine, range(first_round, config.train.rounds)):
-            died = [int(worker) for worker, why in metrics.get("failed_workers", {}).items() if why == "died"]
-            if died:
-                metrics["client_states_after_restart"] = recover_workers(engine, run_dir, died)
-            history.append(metrics)
-            log.append(metrics)
-            bar.update(metrics)
-            if every and metrics["round"] % every == 0 and metrics["round"] < config.train.rounds:
-                save_checkpoint(engine, run_dir, metrics["round"])
-    finally:
-        bar.close()
-        log.close()
-    return history
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(summary, dict) or summary.get("status", "finished") != "finished":
+        return None
+    return summary.get("rounds_completed")
 
 
 def _without_unsupported_vectorize(config: Config, dataset) -> Config:
@@ -163,12 +174,33 @@ def _without_unsupported_vectorize(config: Config, dataset) -> Config:
     return config
 
 
-def _create_run_dir(run_dir: Path | None, config: Config) -> Path:
+def _check_out(run_dir: Path) -> Path:
+    check_path("--out", str(run_dir))
+    for parent in (run_dir, *run_dir.parents):
+        if parent.exists() and not parent.is_dir():
+            raise ConfigError(f"--out {run_dir}: {parent} is a file, not a directory")
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(f"output directory {run_dir} exists and is not empty; choose a new --out or remove it")
+    return run_dir
+
+
+def _create_run_dir(run_dir: Path | None, config: Config) -> tuple[Path, Path | None]:
+    """The run directory, made; and the topmost directory made for it (None when it existed)."""
     if run_dir is None:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         base = Path("runs") / f"{stamp}-{config.algorithm.name}-{config.data.dataset}-seed{config.seed}"
         run_dir, suffix = base, 1
         while run_dir.exists():
             run_dir, suffix = Path(f"{base}-{suffix}"), suffix + 1
+    created = next((path for path in reversed((run_dir, *run_dir.parents)) if not path.exists()), None)
     run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
+    return run_dir, created
+
+
+def _remove_new_run(run_dir: Path, created: Path | None) -> None:
+    """Removes what a new run wrote: the directories made for it, or its files in an empty --out."""
+    if created is not None:
+        shutil.rmtree(created, ignore_errors=True)
+        return
+    for name in RUN_FILES:
+        (run_dir / name).unlink(missing_ok=True)

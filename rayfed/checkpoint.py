@@ -1,65 +1,153 @@
-"""Checkpoints: everything a run needs to continue bit for bit, written atomically into the run directory.
+"""Checkpoints: everything a run needs to continue bit for bit, in one file that says what it belongs to.
 
 Random streams are derived from (seed, purpose, round, client), so "RNG positions" reduce to the
 number of completed rounds; the rest is the server's state (algorithm state, memory, BatchNorm
 buffers, virtual clock, FedBuff's clients in flight) and every client's persistent state.
+
+checkpoint.pt is a line naming the format, a line of JSON (the header: rounds completed, the
+algorithm and model, the SHA-256 of the resolved config and of metrics.jsonl's lines up to that
+round, and a SHA-256 over header and body), then the body. torch reads the body with
+weights_only=True: tensors, plain containers and the state classes listed below are built, and no
+code from the file ever runs.
 """
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from rayfed.engine.loop import Engine
-from rayfed.engine.worker import client_owner
+from rayfed.algorithms.base import Upload
+from rayfed.algorithms.fedavg import FedAvgMState
+from rayfed.algorithms.gradma import GradMAClientState, GradMAServerState
+from rayfed.algorithms.memory import GradientMemory
+from rayfed.algorithms.mifa import MIFAClientState, MIFAServerState
+from rayfed.config import Config
+from rayfed.engine.messages import ClientResult
 from rayfed.errors import ConfigError
+from rayfed.systems.async_buffer import AsyncBuffer, InFlight
 
 CHECKPOINT = "checkpoint.pt"
+MAGIC = b"rayfed checkpoint, format 1\n"
+# The classes a checkpoint body may hold besides tensors and plain containers.
+STATE_CLASSES = [FedAvgMState, MIFAServerState, MIFAClientState, GradMAServerState, GradMAClientState,
+                 GradientMemory, AsyncBuffer, InFlight, ClientResult, Upload]
+HEADER_FIELDS = {"rounds_completed": int, "algorithm": str, "model": str, "config_sha256": str,
+                 "metrics_sha256": str}
 
 
-def save_checkpoint(engine: Engine, run_dir: Path, rounds_completed: int) -> None:
-    client_states = {}
-    for states in engine.get([worker.snapshot_client_states() for worker in engine.workers]):
-        client_states.update(states)
-    payload = {"rounds_completed": rounds_completed, "server": engine.get(engine.server.snapshot()),
-               "client_states": client_states}
+@dataclass
+class Checkpoint:
+    rounds_completed: int
+    algorithm: str
+    model: str
+    config_sha256: str          # of the resolved config, as config.yaml holds it
+    metrics_sha256: str         # of metrics.jsonl's first `rounds_completed` lines
+    server: dict                # Server.snapshot()
+    client_states: dict[int, Any]
+
+
+def config_sha256(config: Config) -> str:
+    return hashlib.sha256(config.to_yaml().encode()).hexdigest()
+
+
+def write_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> None:
+    body = io.BytesIO()
+    torch.save({"server": checkpoint.server, "client_states": checkpoint.client_states}, body)
+    header = {name: getattr(checkpoint, name) for name in HEADER_FIELDS}
+    header["sha256"] = _digest(header, body.getvalue())
     temporary = run_dir / (CHECKPOINT + ".tmp")
-    torch.save(payload, temporary)
+    with open(temporary, "wb") as file:
+        file.write(MAGIC + json.dumps(header).encode() + b"\n" + body.getvalue())
+        file.flush()
+        os.fsync(file.fileno())
     os.replace(temporary, run_dir / CHECKPOINT)      # a crash mid-write leaves the previous checkpoint intact
 
 
-def load_checkpoint(run_dir: Path) -> dict:
+def has_checkpoint(run_dir: Path) -> bool:
+    return (run_dir / CHECKPOINT).is_file()
+
+
+def read_checkpoint(run_dir: Path) -> Checkpoint:
+    """The checkpoint in `run_dir`, verified against its own digest. Any damage is a ConfigError of one line."""
     path = run_dir / CHECKPOINT
     if not path.is_file():
         raise ConfigError(f"{run_dir} has no {CHECKPOINT} to resume from (runs write one every "
                           f"train.checkpoint_every rounds)")
+    data = path.read_bytes()
+    if not data.startswith(MAGIC):
+        raise ConfigError(f"{path} is not a rayfed checkpoint of this version")
+    header_line, _, body = data[len(MAGIC):].partition(b"\n")
+    header = _parse_header(path, header_line)
+    recorded = header.pop("sha256")
+    if recorded != _digest(header, body):
+        raise ConfigError(f"{path} is damaged: its bytes no longer match the SHA-256 written with them")
     try:
-        return torch.load(path, weights_only=False)
-    except Exception as error:  # any unpickling failure means the same to the user: a bad file
-        raise ConfigError(f"cannot read {path} ({type(error).__name__}: {error})") from None
+        with torch.serialization.safe_globals(STATE_CLASSES):
+            payload = torch.load(io.BytesIO(body), weights_only=True, map_location="cpu")
+    except Exception as error:  # torch raises many types for a bad body; all mean the same to the user
+        raise ConfigError(f"{path} is damaged: its body cannot be read ({type(error).__name__})") from None
+    client_states = payload.get("client_states") if isinstance(payload, dict) else None
+    if not isinstance(client_states, dict) or not isinstance(payload.get("server"), dict) \
+            or not all(isinstance(client, int) and client >= 0 for client in client_states):
+        raise ConfigError(f"{path} is damaged: its body is not a server snapshot and client states")
+    return Checkpoint(server=payload["server"], client_states=client_states, **header)
 
 
-def restore_checkpoint(engine: Engine, payload: dict) -> None:
-    engine.get(engine.server.restore(payload["server"]))
-    num_workers = len(engine.workers)
-    engine.get([worker.restore_client_states({client_id: state for client_id, state in payload["client_states"].items()
-                                              if client_owner(client_id, num_workers) == index})
-                for index, worker in enumerate(engine.workers)])
+def _parse_header(path: Path, line: bytes) -> dict:
+    try:
+        header = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        header = None
+    fields = {**HEADER_FIELDS, "sha256": str}
+    if not isinstance(header, dict) or set(header) != set(fields) \
+            or not all(type(header[name]) is kind for name, kind in fields.items()):
+        raise ConfigError(f"{path} is damaged: its header is unreadable")
+    if header["rounds_completed"] < 1:
+        raise ConfigError(f"{path} is damaged: rounds_completed={header['rounds_completed']}")
+    return header
 
 
-def recover_workers(engine: Engine, run_dir: Path, workers: list[int]) -> str:
-    """Restarted workers come back with no client state: once they answer again, give them their
-    clients' states from the last checkpoint, if the run has one. Returns what happened, for
-    metrics.jsonl."""
-    alive = engine.revive(workers)
-    gone = sorted(set(workers) - set(alive))
-    outcome = f"workers {gone} did not come back; " if gone else ""
-    if not (run_dir / CHECKPOINT).is_file():
-        return outcome + "reset: no checkpoint"
-    payload = load_checkpoint(run_dir)
-    num_workers = len(engine.workers)
-    engine.get([engine.workers[worker].restore_client_states(
-        {client_id: state for client_id, state in payload["client_states"].items()
-         if client_owner(client_id, num_workers) == worker}) for worker in alive])
-    return outcome + f"restored from the checkpoint of round {payload['rounds_completed']}"
+def _digest(header: dict, body: bytes) -> str:
+    digest = hashlib.sha256(json.dumps(header, sort_keys=True).encode())
+    digest.update(body)
+    return digest.hexdigest()
+
+
+def check_belongs_to(run_dir: Path, checkpoint: Checkpoint, config: Config) -> None:
+    """The checkpoint was written by the run that config.yaml describes, unchanged since."""
+    path = run_dir / CHECKPOINT
+    if (checkpoint.algorithm, checkpoint.model) != (config.algorithm.name, config.model.name):
+        raise ConfigError(f"{path} is from algorithm {checkpoint.algorithm} with model {checkpoint.model}, but "
+                          f"{run_dir / 'config.yaml'} says {config.algorithm.name} with {config.model.name}")
+    if checkpoint.config_sha256 != config_sha256(config):
+        raise ConfigError(f"{run_dir / 'config.yaml'} was changed after {CHECKPOINT} was written; restore it, "
+                          f"or start a new run with the new config")
+    if checkpoint.rounds_completed >= config.train.rounds:
+        raise ConfigError(f"{path} is damaged: rounds_completed={checkpoint.rounds_completed} is not below "
+                          f"train.rounds={config.train.rounds}")
+
+
+def lines_before(run_dir: Path, checkpoint: Checkpoint) -> list[bytes]:
+    """metrics.jsonl's lines for the rounds the checkpoint completed, checked against its digest."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise ConfigError(f"{path} is missing; it holds the rounds {CHECKPOINT} continues from")
+    lines = path.read_bytes().splitlines(keepends=True)[:checkpoint.rounds_completed]
+    for number, line in enumerate(lines, start=1):
+        try:
+            record = json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise ConfigError(f"{path} line {number} is not JSON") from None
+        if not isinstance(record, dict) or record.get("round") != number:
+            raise ConfigError(f"{path} line {number} is not the record of round {number}")
+    if len(lines) < checkpoint.rounds_completed:
+        raise ConfigError(f"{path} has {len(lines)} rounds but {CHECKPOINT} has {checkpoint.rounds_completed}")
+    if hashlib.sha256(b"".join(lines)).hexdigest() != checkpoint.metrics_sha256:
+        raise ConfigError(f"{path} does not hold the rounds {CHECKPOINT} was written after (changed since)")
+    return lines

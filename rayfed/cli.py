@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
-from rayfed.errors import ConfigError
+from rayfed.errors import ConfigError, RunFinished, RunStopped, Terminated
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,12 +30,15 @@ def main(argv: list[str] | None = None) -> int:
     bench_parser.add_argument("--json", metavar="PATH", default="bench.json",
                               help="where to write the results (default bench.json)")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         if args.command == "bench":
             return _bench(args)
-        if args.command == "run" and args.resume:
+        if args.command == "run" and args.resume is not None:
             if args.items or args.out:
                 raise ConfigError("--resume takes the run directory alone: its config.yaml holds the config")
+            if not args.resume.strip():
+                raise ConfigError("--resume needs the run directory to continue, e.g. --resume runs/NAME")
             return _report(_resume(args.resume, not args.quiet))
         config = _load(args.items)
         if args.command == "config":
@@ -44,9 +48,31 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"rayfed: error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("rayfed: interrupted", file=sys.stderr)
-        return 130
+    except RunFinished as finished:
+        print(f"rayfed: {finished}")
+        return 0
+    except KeyboardInterrupt as interrupt:
+        print(f"rayfed: {'terminated' if isinstance(interrupt, Terminated) else 'interrupted'}"
+              f"{_where_it_stopped(interrupt)}", file=sys.stderr)
+        return 143 if isinstance(interrupt, Terminated) else 130
+    except RunStopped as stopped:
+        print(f"rayfed: stopped: {stopped}", file=sys.stderr)
+        return 1
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
+
+
+def _where_it_stopped(interrupt: KeyboardInterrupt) -> str:
+    from rayfed.checkpoint import has_checkpoint
+    run_dir = getattr(interrupt, "run_dir", None)
+    rounds = getattr(interrupt, "rounds_completed", 0)
+    if run_dir is None or not rounds:
+        return ""
+    if has_checkpoint(run_dir):
+        return f" after round {rounds}; resume from the last checkpoint with: rayfed run --resume {run_dir}"
+    return f" after round {rounds}; {run_dir} has no checkpoint to resume from (see train.checkpoint_every)"
 
 
 def _load(items: list[str]):

@@ -1,5 +1,22 @@
-"""The one exception type for bad user input."""
+"""The exception types that reach the user as one line."""
 
 
 class ConfigError(ValueError):
     """Bad input (config key, value, file): reported as one line, exit code 2, before any work."""
+
+
+class RunFinished(Exception):
+    """`--resume` of a run that already completed all its rounds: nothing to do, nothing changed."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C: the run stops at once and Ray is shut down."""
+
+
+class RunStopped(Exception):
+    """The run cannot go on (it diverged, or an actor is out of restarts). `str()` is one line for
+    the user; `status` goes into summary.json; exit code 1."""
+
+    def __init__(self, message: str, status: str):
+        super().__init__(message)
+        self.status = status

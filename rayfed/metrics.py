@@ -1,11 +1,13 @@
 """The run directory's files (metrics.jsonl, summary.json) and the progress bar."""
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -13,17 +15,49 @@ from tqdm import tqdm
 WALL_CLOCK_KEYS = ("wall_time_s", "phase_s")
 
 
+def strict_json(value: Any) -> Any:
+    """`value` with every NaN or infinity replaced by null: neither is JSON, and an undefined
+    diagnostic or a diverged loss must not make the file unreadable to other tools."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(item) for item in value]
+    return value
+
+
+def metrics_line(metrics: dict) -> bytes:
+    return (json.dumps(strict_json(metrics), allow_nan=False) + "\n").encode()
+
+
 class MetricsLog:
-    """Appends one JSON object per round to metrics.jsonl, flushed so a crash keeps what was done."""
+    """Appends one JSON object per round to metrics.jsonl, flushed so a crash keeps what was done.
+    It keeps the SHA-256 of the lines written so far, which a checkpoint records so that a resume
+    can tell whether the file still holds the rounds the checkpoint continues from."""
 
     def __init__(self, path: Path):
-        self.file = open(path, "a")
+        self.path = path
+        self.digest = hashlib.sha256(path.read_bytes() if path.exists() else b"")
+        self.file = open(path, "ab")
 
     def append(self, metrics: dict) -> None:
-        # NaN (an undefined diagnostic) is not JSON; null is what other readers understand.
-        plain = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in metrics.items()}
-        self.file.write(json.dumps(plain) + "\n")
+        line = metrics_line(metrics)
+        self.file.write(line)
         self.file.flush()
+        self.digest.update(line)
+
+    def sha256(self) -> str:
+        return self.digest.hexdigest()
+
+    def rewrite(self, lines: list[bytes]) -> None:
+        """Keeps only `lines` (rounds after a checkpoint are about to run again), atomically."""
+        self.file.close()
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        temporary.write_bytes(b"".join(lines))
+        os.replace(temporary, self.path)
+        self.digest = hashlib.sha256(b"".join(lines))
+        self.file = open(self.path, "ab")
 
     def close(self) -> None:
         self.file.close()
@@ -31,7 +65,7 @@ class MetricsLog:
 
 def write_json_atomic(path: Path, payload: dict) -> None:
     temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(payload, indent=2) + "\n")
+    temporary.write_text(json.dumps(strict_json(payload), indent=2, allow_nan=False) + "\n")
     os.replace(temporary, path)
 
 
@@ -65,6 +99,10 @@ class ProgressBar:
         self.last_wall = metrics["wall_time_s"]
         self.bar.set_postfix(postfix, refresh=False)
         self.bar.update(1)
+
+    def rewind(self, rounds_completed: int) -> None:
+        self.bar.n = rounds_completed
+        self.bar.refresh()
 
     def close(self) -> None:
         self.bar.close()

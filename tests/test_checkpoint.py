@@ -1,10 +1,18 @@
 """Checkpoint and resume: an interrupted run continued from its last checkpoint ends bit for bit
-where an uninterrupted run ends, whatever its algorithm state, client states or clients in flight."""
+where an uninterrupted run ends, whatever its algorithm state, client states or clients in flight;
+a run directory damaged since is refused with one line and left as it was."""
+import hashlib
+import io
 import json
+import os
+import shutil
 
 import pytest
+import torch
 
 import rayfed
+from rayfed.algorithms.registry import ALGORITHMS
+from rayfed.checkpoint import MAGIC, read_checkpoint
 from rayfed.cli import main
 from rayfed.metrics import MetricsLog
 from tests.test_engine_equivalence import SYNTHETIC_MLP, assert_same_run
@@ -12,7 +20,7 @@ from tests.test_engine_equivalence import SYNTHETIC_MLP, assert_same_run
 ROUNDS = ["train.rounds=7", "train.eval_every=2", "train.checkpoint_every=2"]
 
 
-def interrupted(tmp_path, overrides, monkeypatch, fail_at_round=5):
+def interrupted(tmp_path, overrides, monkeypatch, fail_at_round=5, name="interrupted"):
     """Runs until the driver fails while recording round `fail_at_round` (after the checkpoint of round 4)."""
     append = MetricsLog.append
 
@@ -23,9 +31,9 @@ def interrupted(tmp_path, overrides, monkeypatch, fail_at_round=5):
 
     monkeypatch.setattr(MetricsLog, "append", failing)
     with pytest.raises(KeyboardInterrupt):
-        rayfed.run(rayfed.load_config(None, overrides), run_dir=tmp_path / "interrupted", progress=False)
+        rayfed.run(rayfed.load_config(None, overrides), run_dir=tmp_path / name, progress=False)
     monkeypatch.setattr(MetricsLog, "append", append)
-    return tmp_path / "interrupted"
+    return tmp_path / name
 
 
 @pytest.mark.parametrize("workload", [
@@ -39,6 +47,7 @@ def test_resume_after_interruption_is_bitwise_the_uninterrupted_run(tmp_path, mo
     whole = rayfed.run(rayfed.load_config(None, overrides), run_dir=tmp_path / "whole", progress=False)
     run_dir = interrupted(tmp_path, overrides, monkeypatch)
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 4
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
     assert not (run_dir / "checkpoint.pt.tmp").exists()
     resumed = rayfed.resume(run_dir, progress=False)
     assert_same_run(whole, resumed)
@@ -47,6 +56,7 @@ def test_resume_after_interruption_is_bitwise_the_uninterrupted_run(tmp_path, mo
     assert json.loads((run_dir / "summary.json").read_text())["rounds_completed"] == 7
 
 
+@pytest.mark.slow
 def test_resume_on_the_ray_engine_restores_client_states_to_their_workers(tmp_path, monkeypatch, ray_cluster):
     overrides = SYNTHETIC_MLP + ROUNDS + ["engine.backend=ray", "engine.num_workers=2", "algorithm.name=mifa"]
     whole = rayfed.run(rayfed.load_config(None, overrides), run_dir=tmp_path / "whole", progress=False)
@@ -55,16 +65,167 @@ def test_resume_on_the_ray_engine_restores_client_states_to_their_workers(tmp_pa
     assert resumed.summary["client_state_bytes"] == whole.summary["client_state_bytes"] > 0
 
 
-def test_resume_errors(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_algorithms_state_is_written_and_read_back_safely(tmp_path, name):
+    """Checkpoint bodies are read with weights_only=True: every state class must be allowed, and
+    loading a checkpoint gives back what was saved."""
+    overrides = SYNTHETIC_MLP + ["engine.backend=local", "train.rounds=3", "train.checkpoint_every=2",
+                                 f"algorithm.name={name}"]
+    if name in ("gradma", "gradma_s"):
+        overrides.append("algorithm.memory_size=10")
+    rayfed.run(rayfed.load_config(None, overrides), run_dir=tmp_path / name, progress=False)
+    checkpoint = read_checkpoint(tmp_path / name)
+    assert checkpoint.rounds_completed == 2 and checkpoint.algorithm == name
+    assert checkpoint.server["virtual_time_s"] > 0
+
+
+@pytest.fixture(scope="module")
+def resumable(tmp_path_factory):
+    """A MIFA run stopped after round 5 with the checkpoint of round 4, and a GradMA run's checkpoint."""
+    root = tmp_path_factory.mktemp("resumable")
+    overrides = SYNTHETIC_MLP + ROUNDS + ["engine.backend=local", "algorithm.name=mifa"]
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        run_dir = interrupted(root, overrides, monkeypatch)
+    other = root / "gradma"
+    rayfed.run(rayfed.load_config(None, SYNTHETIC_MLP + ROUNDS + ["engine.backend=local", "algorithm.name=gradma",
+                                                                  "algorithm.memory_size=10"]),
+               run_dir=other, progress=False)
+    return run_dir, other
+
+
+def flip_byte(path, offset_from_end=100):
+    data = bytearray(path.read_bytes())
+    data[-offset_from_end] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def edit_header(path, **fields):
+    data = path.read_bytes()
+    header_line, _, body = data[len(MAGIC):].partition(b"\n")
+    header = {**json.loads(header_line), **fields}
+    path.write_bytes(MAGIC + json.dumps(header).encode() + b"\n" + body)
+
+
+def rewrite_body(path, change, update_digest=False):
+    """Changes the body, and with `update_digest` writes a matching digest, as someone who knows the format would."""
+    data = path.read_bytes()
+    header_line, _, body = data[len(MAGIC):].partition(b"\n")
+    header = json.loads(header_line)
+    payload = torch.load(io.BytesIO(body), weights_only=False)
+    buffer = io.BytesIO()
+    torch.save(change(payload), buffer)
+    if update_digest:
+        del header["sha256"]
+        digest = hashlib.sha256(json.dumps(header, sort_keys=True).encode())
+        digest.update(buffer.getvalue())
+        header["sha256"] = digest.hexdigest()
+    path.write_bytes(MAGIC + json.dumps(header).encode() + b"\n" + buffer.getvalue())
+
+
+class Exploit:
+    def __reduce__(self):
+        return os.system, ("touch exploited",)
+
+
+def drop_a_client(payload):
+    payload["client_states"].pop(next(iter(payload["client_states"])))
+    return payload
+
+
+def edit_config(run_dir, old, new):
+    path = run_dir / "config.yaml"
+    assert old in path.read_text()
+    path.write_text(path.read_text().replace(old, new, 1))
+
+
+def edit_metrics(run_dir, change):
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(change(lines)))
+
+
+DAMAGES = {
+    "a flipped byte in the checkpoint's body": (lambda d, o: flip_byte(d / "checkpoint.pt"),
+                                                "checkpoint.pt is damaged: its bytes no longer match"),
+    "a truncated checkpoint": (lambda d, o: (d / "checkpoint.pt").write_bytes((d / "checkpoint.pt").read_bytes()[:500]),
+                               "checkpoint.pt is damaged"),
+    "rounds_completed=-5": (lambda d, o: edit_header(d / "checkpoint.pt", rounds_completed=-5),
+                            "checkpoint.pt is damaged: rounds_completed=-5"),
+    "rounds_completed=3 in the header": (lambda d, o: edit_header(d / "checkpoint.pt", rounds_completed=3),
+                                         "checkpoint.pt is damaged: its bytes no longer match"),
+    "a garbled header": (lambda d, o: (d / "checkpoint.pt").write_bytes(MAGIC + b"{not json\n" + b"x" * 100),
+                         "checkpoint.pt is damaged: its header is unreadable"),
+    "a dropped client state": (lambda d, o: rewrite_body(d / "checkpoint.pt", drop_a_client),
+                               "checkpoint.pt is damaged: its bytes no longer match"),
+    "a pickle that runs code, with a matching digest": (
+        lambda d, o: rewrite_body(d / "checkpoint.pt", lambda payload: {**payload, "exploit": Exploit()}, True),
+        "checkpoint.pt is damaged: its body cannot be read"),
+    "a plain torch file": (lambda d, o: torch.save({"rounds_completed": 4}, d / "checkpoint.pt"),
+                           "checkpoint.pt is not a rayfed checkpoint"),
+    "no checkpoint": (lambda d, o: (d / "checkpoint.pt").unlink(), "has no checkpoint.pt to resume from"),
+    "a checkpoint from another algorithm": (lambda d, o: shutil.copy(o / "checkpoint.pt", d / "checkpoint.pt"),
+                                            "checkpoint.pt is from algorithm gradma with model mlp, but"),
+    "config.yaml with another data.num_clients": (lambda d, o: edit_config(d, "num_clients: 30", "num_clients: 31"),
+                                                  "config.yaml was changed after checkpoint.pt was written"),
+    "config.yaml with another algorithm.name": (lambda d, o: edit_config(d, "name: mifa", "name: fedavg"),
+                                                "checkpoint.pt is from algorithm mifa with model mlp, but"),
+    "config.yaml that is not YAML": (lambda d, o: (d / "config.yaml").write_text("seed: [1\n"), "is not valid YAML"),
+    "no config.yaml": (lambda d, o: (d / "config.yaml").unlink(), "is not a run directory"),
+    "no metrics.jsonl": (lambda d, o: (d / "metrics.jsonl").unlink(), "metrics.jsonl is missing"),
+    "a garbled metrics line": (lambda d, o: edit_metrics(d, lambda lines: [lines[0], "{oops\n", *lines[2:]]),
+                               "metrics.jsonl line 2 is not JSON"),
+    "metrics lines out of order": (lambda d, o: edit_metrics(d, lambda lines: [lines[1], lines[0], *lines[2:]]),
+                                   "metrics.jsonl line 1 is not the record of round 1"),
+    "fewer metrics lines than the checkpoint's rounds": (lambda d, o: edit_metrics(d, lambda lines: lines[:2]),
+                                                         "metrics.jsonl has 2 rounds but checkpoint.pt has 4"),
+    "an edited metrics value": (lambda d, o: edit_metrics(d, lambda lines: [lines[0].replace('"round": 1', '"round": 1, '
+                                                                                             '"extra": 1'),
+                                                                            *lines[1:]]),
+                                "metrics.jsonl does not hold the rounds checkpoint.pt was written after"),
+}
+
+
+def snapshot(run_dir):
+    return {path.name: path.read_bytes() for path in sorted(run_dir.iterdir())}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_damaged_run_directory_is_refused_with_one_line_and_left_as_it_was(tmp_path, capsys, monkeypatch,
+                                                                            resumable, damage):
+    source, other = resumable
+    run_dir = tmp_path / "run"
+    shutil.copytree(source, run_dir)
+    monkeypatch.chdir(tmp_path)
+    change, expected = DAMAGES[damage]
+    change(run_dir, other)
+    before = snapshot(run_dir)
+    assert main(["run", "--resume", str(run_dir), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("rayfed: error: ") and expected in err, err
+    assert snapshot(run_dir) == before
+    assert not (tmp_path / "exploited").exists()
+
+
+def test_the_undamaged_copy_resumes(tmp_path, capsys, resumable):
+    """The table above damages copies of this directory: undamaged, it resumes and finishes."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(resumable[0], run_dir)
+    assert main(["run", "--resume", str(run_dir), "--quiet"]) == 0
+    assert json.loads((run_dir / "summary.json").read_text())["rounds_completed"] == 7
+
+
+def test_resume_arguments_and_finished_runs(tmp_path, capsys):
     done = tmp_path / "done"
-    rayfed.run(rayfed.load_config(None, SYNTHETIC_MLP + ["engine.backend=local", "train.rounds=2"]),
+    rayfed.run(rayfed.load_config(None, SYNTHETIC_MLP + ["engine.backend=local", "train.rounds=4",
+                                                         "train.checkpoint_every=2"]),
                run_dir=done, progress=False)
-    assert main(["run", "--resume", str(done)]) == 2
-    assert "has no checkpoint.pt to resume from" in capsys.readouterr().err
+    before = snapshot(done)
+    assert main(["run", "--resume", str(done)]) == 0
+    assert capsys.readouterr().out == f"rayfed: {done} finished all its 4 rounds; nothing to resume\n"
+    assert snapshot(done) == before
+    assert main(["run", "--resume", ""]) == 2
+    assert "--resume needs the run directory" in capsys.readouterr().err
     assert main(["run", "--resume", str(tmp_path / "nowhere")]) == 2
     assert "is not a run directory" in capsys.readouterr().err
     assert main(["run", "--resume", str(done), "seed=3"]) == 2
     assert "--resume takes the run directory alone" in capsys.readouterr().err
-    (done / "checkpoint.pt").write_bytes(b"not a checkpoint")
-    assert main(["run", "--resume", str(done)]) == 2
-    assert "cannot read" in capsys.readouterr().err

@@ -40,6 +40,7 @@ def assert_same_run(reference, other):
     assert without_wall_clock(reference.history) == without_wall_clock(other.history)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workload", ["synthetic_mlp", "cifar_lenet"])
 def test_local_and_ray_with_1_2_3_workers_are_bitwise_identical(tmp_path, ray_cluster, workload, request):
     overrides = SYNTHETIC_MLP if workload == "synthetic_mlp" else request.getfixturevalue("cifar_lenet")
@@ -61,6 +62,7 @@ def test_same_seed_same_bits_and_different_seed_different_run(tmp_path):
     assert first.history[0]["train_loss"] != other.history[0]["train_loss"]
 
 
+@pytest.mark.slow
 def test_ray_engine_refuses_resources_the_cluster_lacks(tmp_path, ray_cluster):
     """A GPU request on a GPU-less cluster fails at once, rather than waiting forever for placement."""
     config = rayfed.load_config(None, SYNTHETIC_MLP + ["engine.backend=ray", "engine.num_workers=2",
@@ -71,6 +73,7 @@ def test_ray_engine_refuses_resources_the_cluster_lacks(tmp_path, ray_cluster):
     assert not (tmp_path / "gpu").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", [
     ["algorithm.name=mifa"],
     ["algorithm.name=mifam"],

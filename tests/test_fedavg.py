@@ -28,7 +28,7 @@ def test_upload_is_global_minus_local_sgd_iterate():
 
 def test_fedprox_local_gradient_has_proximal_term():
     algorithm = make("fedprox", mu=0.3)
-    x_t = torch.randn(DIM)
+    x_t = torch.randn(DIM, generator=torch.Generator().manual_seed(0))    # not the global stream other tests move
     upload, _ = algorithm.client_train(client(1), {"params": x_t}, None)
     expected = x_t - manual_local_sgd(1, x_t, mu=0.3)
     assert torch.allclose(upload.tensors["update"], expected, rtol=1e-6, atol=1e-7)

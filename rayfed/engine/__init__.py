@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from rayfed.config import Config
 from rayfed.data import Dataset, Partition
-from rayfed.engine.loop import Engine, run_rounds
+from rayfed.engine.loop import Engine
 from rayfed.systems.clients import ClientSystems
 
 
@@ -15,4 +15,4 @@ def make_engine(config: Config, dataset: Dataset, partition: Partition, client_s
     return RayEngine(config, dataset, partition, client_systems)
 
 
-__all__ = ["Engine", "make_engine", "run_rounds"]
+__all__ = ["Engine", "make_engine"]

@@ -8,14 +8,16 @@ from rayfed.data import Dataset, Partition
 from rayfed.engine.loop import InlineHandle
 from rayfed.engine.server import Server
 from rayfed.engine.worker import ClientWorker
+from rayfed.faults import Fault
 from rayfed.systems.clients import ClientSystems
 
 
 class LocalEngine:
     def __init__(self, config: Config, dataset: Dataset, partition: Partition, client_systems: ClientSystems):
         self.saved_threads = torch.get_num_threads()
-        self.server = InlineHandle(Server(config, (dataset.test_x, dataset.test_y),
-                                          dataset.input_shape, dataset.num_classes, client_systems))
+        self.new_server = lambda: Server(config, (dataset.test_x, dataset.test_y), dataset.input_shape,
+                                         dataset.num_classes, client_systems)
+        self.server = InlineHandle(self.new_server())
         self.workers = [InlineHandle(ClientWorker(config, (dataset.train_x, dataset.train_y), partition,
                                                   dataset.input_shape, dataset.num_classes))]
 
@@ -26,8 +28,14 @@ class LocalEngine:
         """In one process every worker delivers, on time."""
         return calls, {}
 
-    def revive(self, workers: list[int]) -> list[int]:
-        return workers
+    def revive(self, workers: list[int], faults: dict[int, Fault]) -> tuple[list[int], list[int]]:
+        return workers, []
+
+    def recreate_server(self) -> None:
+        self.server = InlineHandle(self.new_server())
+
+    def enact(self, target: int, fault: Fault) -> None:
+        raise ValueError("faults are injected on the ray engine only")
 
     def shutdown(self) -> None:
         torch.set_num_threads(self.saved_threads)

@@ -1,49 +1,74 @@
-"""The round loop, written once for every engine.
+"""The round, written once for every engine.
 
 An engine exposes its Server and ClientWorkers through handles whose method calls return
 either values (local engine) or Ray object references (ray engine), plus `get` to resolve
-them. The loop never touches uploads: they go from the workers to the server directly.
+them. The round never touches uploads: they go from the workers to the server directly.
 """
 from __future__ import annotations
 
-import time
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Protocol
 
 from rayfed.engine.worker import assign_to_workers
+from rayfed.faults import SERVER, Fault, FaultSchedule
+
+
+class WorkerLost(Exception):
+    """Workers whose process died, or that Ray restarted without their shard, while asked for something."""
+
+    def __init__(self, workers: list[int]):
+        super().__init__(workers)
+        self.workers = workers
+
+
+class ServerLost(Exception):
+    """The server actor's process died."""
 
 
 class Engine(Protocol):
     server: Any
     workers: list[Any]
 
-    def get(self, handle_result: Any) -> Any: ...
+    def get(self, handle_result: Any) -> Any:
+        """The value of a call; raises WorkerLost or ServerLost when the actor that owed it is gone."""
 
     def settle(self, calls: dict[int, Any]) -> tuple[dict[int, Any], dict[int, str]]: ...
 
-    def revive(self, workers: list[int]) -> list[int]: ...
+    def revive(self, workers: list[int], faults: dict[int, Fault]) -> tuple[list[int], list[int]]:
+        """(workers back with their shard attached, workers gone for good); `faults` strike while
+        the workers are being restarted."""
+
+    def recreate_server(self) -> None: ...
+
+    def enact(self, target: int, fault: Fault) -> None: ...
 
     def shutdown(self) -> None: ...
 
 
-def run_rounds(engine: Engine, rounds: range) -> Iterator[dict]:
-    """Runs `rounds`, yielding each round's metrics with the wall time since the loop began."""
-    started = time.perf_counter()
-    clients_keep_state = engine.get(engine.server.clients_keep_state())
-    for round in rounds:
-        sampled = engine.get(engine.server.sample(round))
-        down = engine.server.broadcast()
-        per_worker = assign_to_workers(sampled, len(engine.workers), clients_keep_state)
-        calls = {w: engine.workers[w].train(round, down, ids) for w, ids in per_worker.items()}
-        delivered, failed = engine.settle(calls)
-        for worker in calls:
-            # Actor calls run in submission order, so this lands before the worker's next round.
-            (engine.workers[worker].commit if worker in delivered else engine.workers[worker].discard)()
-        lost = [client for worker in failed for client in per_worker[worker]]
-        metrics = engine.get(engine.server.step(round, *delivered.values(), lost=lost))
-        if failed:
-            metrics["failed_workers"] = {str(worker): why for worker, why in sorted(failed.items())}
-        metrics["wall_time_s"] = time.perf_counter() - started
-        yield metrics
+def play_round(engine: Engine, round: int, clients_keep_state: bool, faults: FaultSchedule) -> dict:
+    """Runs round `round` (0-based) and returns its metrics."""
+    sampled = engine.get(engine.server.sample(round))
+    down = engine.server.broadcast()
+    per_worker = assign_to_workers(sampled, len(engine.workers), clients_keep_state)
+    for worker in per_worker:
+        enact_due(engine, faults, worker, round, "train")
+    calls = {w: engine.workers[w].train(round, down, ids) for w, ids in per_worker.items()}
+    delivered, failed = engine.settle(calls)
+    for worker in range(len(engine.workers)):
+        enact_due(engine, faults, worker, round, "delivered")
+    for worker in calls:
+        # Actor calls run in submission order, so this lands before the worker's next round.
+        (engine.workers[worker].commit if worker in delivered else engine.workers[worker].discard)()
+    lost = [client for worker in failed for client in per_worker[worker]]
+    enact_due(engine, faults, SERVER, round, "step")
+    metrics = engine.get(engine.server.step(round, *delivered.values(), lost=lost))
+    if failed:
+        metrics["failed_workers"] = {str(worker): why for worker, why in sorted(failed.items())}
+    return metrics
+
+
+def enact_due(engine: Engine, faults: FaultSchedule, target: int, round: int, moment: str) -> None:
+    for fault in faults.due(target, round, moment):
+        engine.enact(target, fault)
 
 
 class InlineHandle:

@@ -8,17 +8,24 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import socket
+import threading
 import time
 from typing import Any, Callable
 
 import ray
+from ray._private import services
+from ray._private import state as ray_state
 
 from rayfed.config import Config
 from rayfed.data import Dataset, Partition
+from rayfed.engine.loop import ServerLost, WorkerLost
 from rayfed.engine.process_memory import peak_rss
 from rayfed.engine.server import Server
 from rayfed.engine.worker import ClientWorker
 from rayfed.errors import ConfigError
+from rayfed.faults import SERVER, Fault, enact
 from rayfed.systems.clients import ClientSystems
 
 
@@ -33,6 +40,15 @@ class RemoteHandle:
         return lambda *args, **kwargs: method.remote(*args, **kwargs)
 
 
+class WorkerRestarted(Exception):
+    """Raised by a worker that Ray restarted: it has no shard or client states until the engine
+    attaches it again."""
+
+    def __init__(self, worker_index: int):
+        super().__init__(worker_index)
+        self.worker_index = worker_index
+
+
 class RayClientWorker:
     """A ClientWorker as a restartable Ray actor. Its constructor takes no objects from the store
     (Ray cannot guarantee those for a restart, and says so on every run, ray#53727): the engine
@@ -43,34 +59,50 @@ class RayClientWorker:
         self.arguments = (config, input_shape, num_classes, worker_index, num_workers)
         self.worker: ClientWorker | None = None
 
-    def attach(self, data_refs: list) -> None:
-        """`data_refs` = [train data, partition]: references inside a list, so Ray passes them unresolved."""
+    def attach(self, data_refs: list, fault: Fault | None = None) -> None:
+        """`data_refs` = [train data, partition]: references inside a list, so Ray passes them unresolved.
+        `fault` is enacted once attached: a worker that dies while it is being restarted."""
         config, input_shape, num_classes, worker_index, num_workers = self.arguments
         train_data, partition = ray.get(data_refs)
         self.worker = ClientWorker(config, train_data, partition, input_shape, num_classes, worker_index, num_workers)
+        if fault is not None:
+            enact(fault)
+
+    def attached(self) -> ClientWorker:
+        if self.worker is None:
+            raise WorkerRestarted(self.arguments[3])
+        return self.worker
 
     def train_with_status(self, round: int, down, client_ids: list[int]):
         """A tiny status beside the result, so the driver can tell a late or dead worker without
         fetching its uploads (which go to the server actor directly)."""
-        return True, self.worker.train(round, down, client_ids)
+        return True, self.attached().train(round, down, client_ids)
 
     def commit(self) -> None:
-        self.worker.commit()
+        self.attached().commit()
 
     def discard(self) -> None:
-        self.worker.discard()
+        self.attached().discard()
 
     def snapshot_client_states(self) -> dict:
-        return self.worker.snapshot_client_states()
+        return self.attached().snapshot_client_states()
 
     def restore_client_states(self, states: dict) -> None:
-        self.worker.restore_client_states(states)
+        self.attached().restore_client_states(states)
 
     def client_state_bytes(self) -> int:
-        return self.worker.client_state_bytes()
+        return self.attached().client_state_bytes()
 
     def peak_rss(self) -> tuple[int, int]:
         return peak_rss()
+
+    def enact(self, fault: Fault) -> None:
+        enact(fault)
+
+
+class RayServer(Server):
+    def enact(self, fault: Fault) -> None:
+        enact(fault)
 
 
 class WorkerHandle(RemoteHandle):
@@ -80,12 +112,17 @@ class WorkerHandle(RemoteHandle):
 
 # A worker whose process is gone, or that Ray cannot reach while restarting it.
 ACTOR_LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+# How long a restarted actor may take to answer again: a new process that imports torch.
+REVIVE_TIMEOUT_S = 120.0
+# A call can fail while its actor stays up (no restart follows): after this long, attach to it as it is.
+SAME_INCARNATION_S = 10.0
 
 
 class RayEngine:
     def __init__(self, config: Config, dataset: Dataset, partition: Partition, client_systems: ClientSystems):
         engine = config.engine
-        self.started_ray = _connect(engine.address, engine.num_workers * engine.worker_cpus)
+        self.started_ray = _connect(engine.address, engine.num_workers * engine.worker_cpus,
+                                    engine.connect_timeout_s)
         try:
             _check_resources(config)
             self._start_actors(config, dataset, partition, client_systems)
@@ -101,13 +138,17 @@ class RayEngine:
         self.train_ref = train_ref = ray.put((dataset.train_x, dataset.train_y))
         self.partition_ref = partition_ref = ray.put(partition)
         # The server works while the workers wait for the next round, so it reserves no CPU:
-        # otherwise P one-CPU workers could not all be placed on a P-core machine.
-        server_actor = ray.remote(Server).options(num_cpus=0, num_gpus=engine.server_gpus, max_restarts=0)
+        # otherwise P one-CPU workers could not all be placed on a P-core machine. Ray does not
+        # restart it: the engine recreates it from the last checkpoint (recreate_server).
+        server_actor = ray.remote(RayServer).options(num_cpus=0, num_gpus=engine.server_gpus, max_restarts=0)
+        server_arguments = (config, (dataset.test_x, dataset.test_y), dataset.input_shape, dataset.num_classes,
+                            client_systems)
+        self.new_server = lambda: RemoteHandle(server_actor.remote(*server_arguments))
         worker_actor = ray.remote(RayClientWorker).options(num_cpus=engine.worker_cpus, num_gpus=engine.worker_gpus,
                                                            max_restarts=engine.worker_max_restarts)
-        self.server = RemoteHandle(server_actor.remote(config, (dataset.test_x, dataset.test_y),
-                                                       dataset.input_shape, dataset.num_classes, client_systems))
+        self.server = self.new_server()
         self.round_timeout_s = engine.round_timeout_s
+        self.restarts_seen = [0] * engine.num_workers
         self.workers = [
             WorkerHandle(worker_actor.remote(config, dataset.input_shape, dataset.num_classes, index,
                                              engine.num_workers))
@@ -119,7 +160,17 @@ class RayEngine:
                  *(handle.actor.attach.remote([train_ref, partition_ref]) for handle in self.workers)])
 
     def get(self, ref):
-        return ray.get(ref)
+        try:
+            return ray.get(ref)
+        except WorkerRestarted as error:
+            raise WorkerLost([error.worker_index]) from None
+        except ACTOR_LOST as error:
+            if error.actor_id == self.server.actor._actor_id.hex():
+                raise ServerLost() from None
+            for index, handle in enumerate(self.workers):
+                if error.actor_id == handle.actor._actor_id.hex():
+                    raise WorkerLost([index]) from None
+            raise
 
     def settle(self, calls: dict[int, tuple]) -> tuple[dict[int, Any], dict[int, str]]:
         """Waits up to engine.round_timeout_s for the workers' statuses; returns the delivered results
@@ -131,29 +182,52 @@ class RayEngine:
             worker = worker_of[status]
             try:
                 ray.get(status)
-            except ACTOR_LOST:
+            except (*ACTOR_LOST, WorkerRestarted):
                 failed[worker] = "died"
                 continue
             delivered[worker] = calls[worker][1]
             del failed[worker]
         return delivered, failed
 
-    def revive(self, workers: list[int], timeout_s: float = 120.0) -> list[int]:
-        """Waits for restarted workers to answer again (calls made while Ray restarts an actor fail)
-        and re-attaches them to their shard; returns those that came back: a worker out of restarts
-        stays gone, and its clients with it."""
-        deadline = time.monotonic() + timeout_s
-        alive = []
+    def revive(self, workers: list[int], faults: dict[int, Fault]) -> tuple[list[int], list[int]]:
+        """Waits until Ray has restarted `workers` and attaches each to its shard again, enacting its
+        fault in `faults` during that attach. Returns the workers back, and those Ray will not
+        restart any more (out of engine.worker_max_restarts)."""
+        started = time.monotonic()
+        alive, gone = [], []
         for worker in workers:
-            while time.monotonic() < deadline:
-                try:
-                    ray.get(self.workers[worker].actor.attach.remote([self.train_ref, self.partition_ref]))
-                except ACTOR_LOST:
-                    time.sleep(0.5)
-                    continue
-                alive.append(worker)
-                break
-        return alive
+            fault = faults.get(worker)
+            while worker not in alive and worker not in gone:
+                state, restarts = _actor_state(self.workers[worker].actor)
+                waited_s = time.monotonic() - started
+                if state == "DEAD" or waited_s > REVIVE_TIMEOUT_S:
+                    gone.append(worker)
+                elif state == "ALIVE" and (restarts > self.restarts_seen[worker] or waited_s > SAME_INCARNATION_S):
+                    # Calls to an actor Ray is still restarting can be dropped: only a new incarnation
+                    # (or one that never died) is sure to receive the attach and its fault.
+                    if self._attach(worker, fault):
+                        alive.append(worker)
+                        self.restarts_seen[worker] = restarts
+                    fault = None
+                else:
+                    time.sleep(0.2)
+        return alive, gone
+
+    def _attach(self, worker: int, fault: Fault | None) -> bool:
+        try:
+            ray.get(self.workers[worker].actor.attach.remote([self.train_ref, self.partition_ref], fault))
+            return True
+        except ACTOR_LOST:
+            return False
+
+    def recreate_server(self) -> None:
+        ray.kill(self.server.actor, no_restart=True)
+        self.server = self.new_server()
+        ray.get(self.server.actor.__ray_ready__.remote())
+
+    def enact(self, target: int, fault: Fault) -> None:
+        handle = self.server if target == SERVER else self.workers[target]
+        handle.actor.enact.remote(fault)
 
     def shutdown(self) -> None:
         for handle in (self.server, *self.workers):
@@ -162,24 +236,63 @@ class RayEngine:
             ray.shutdown()
 
 
-def _connect(address: str | None, cpus_needed: float) -> bool:
+def _actor_state(actor) -> tuple[str, int]:
+    """The actor's state in the cluster's actor table (ALIVE, RESTARTING, DEAD, ...) and how often
+    Ray has restarted it."""
+    entry = ray_state.actors(actor._actor_id.hex()) or {}
+    return entry.get("State", "UNKNOWN"), int(entry.get("NumRestarts", 0))
+
+
+def _connect(address: str | None, cpus_needed: float, timeout_s: float) -> bool:
     """Joins the cluster at `address` (or RAY_ADDRESS, as under `ray job submit`), reuses a Ray
     already initialised in this process, or starts a private local instance. Returns whether
     this call started Ray (and so must stop it)."""
     if ray.is_initialized():
         return False
     quiet = dict(logging_level=logging.ERROR, log_to_driver=False)
+    key = "engine.address" if address else "RAY_ADDRESS"
     address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        try:
-            ray.init(address=address, **quiet)
-        except (ConnectionError, ValueError, RuntimeError) as error:
-            raise ConfigError(f"engine.address={address}: cannot join the Ray cluster ({error})") from None
+    # ray.init replaces the SIGTERM handler; rayfed's own stops a run cleanly.
+    sigterm_handler = signal.getsignal(signal.SIGTERM)
+    try:
+        if address:
+            _probe(key, address, timeout_s)
+            try:
+                ray.init(address=address, **quiet)
+            except (ConnectionError, ValueError, RuntimeError) as error:
+                raise ConfigError(f"{key}={address}: cannot join the Ray cluster ({_first_line(error)})") from None
+            return True
+        # A private instance sized so that all workers fit even when they oversubscribe the cores.
+        num_cpus = max(os.cpu_count() or 1, int(cpus_needed + 0.999))
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **quiet)
         return True
-    # A private instance sized so that all workers fit even when they oversubscribe the cores.
-    num_cpus = max(os.cpu_count() or 1, int(cpus_needed + 0.999))
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **quiet)
-    return True
+    finally:
+        if threading.current_thread() is threading.main_thread() and sigterm_handler is not None:
+            signal.signal(signal.SIGTERM, sigterm_handler)
+
+
+def _probe(key: str, address: str, timeout_s: float) -> None:
+    """ray.init waits forever, deaf to SIGTERM, for a cluster that is not there; a TCP connection
+    to where it would connect, bounded in time, finds that out first."""
+    try:
+        target = address.partition("://")[2] if "://" in address else services.canonicalize_bootstrap_address(
+            address)
+    except (ConnectionError, ValueError) as error:
+        raise ConfigError(f"{key}={address}: {_first_line(error)}") from None
+    host, _, port = (target or "").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{key}={address}: a Ray address is HOST:PORT (or ray://HOST:PORT, auto)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        reason = "no answer" if isinstance(error, socket.timeout) else (error.strerror or type(error).__name__)
+        raise ConfigError(f"{key}={address}: no Ray cluster answers at {host}:{port} within "
+                          f"engine.connect_timeout_s={timeout_s:g} s ({reason}); start one with "
+                          f"`ray start --head`, or fix the address") from None
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _check_resources(config: Config) -> None:

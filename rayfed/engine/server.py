@@ -14,7 +14,7 @@ from rayfed.algorithms.registry import build_algorithm
 from rayfed.config import Config
 from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult
 from rayfed.engine.process_memory import peak_rss
-from rayfed.engine.worker import as_tensor, device_for, threads_per_process
+from rayfed.engine.worker import as_tensor, device_for, tensors_to, threads_per_process
 from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, derive_seed, numpy_rng
 from rayfed.systems.async_buffer import AsyncBuffer
@@ -90,7 +90,8 @@ class Server:
         return Broadcast(tensors, self.buffers.cpu())
 
     def global_params(self) -> Tensor:
-        return self.algorithm.global_params(self.state)
+        """On the CPU: the driver that asks may have no GPU."""
+        return self.algorithm.global_params(self.state).cpu()
 
     def clients_keep_state(self) -> bool:
         return self.algorithm.keeps_client_state
@@ -136,6 +137,8 @@ class Server:
             "virtual_time_s": self.virtual_time_s,
             **algorithm_metrics,
         }
+        if not bool(torch.isfinite(self.algorithm.global_params(self.state)).all()):
+            metrics["model_finite"] = False
         stepped = time.perf_counter()
         rounds = self.config.train.rounds
         if (round + 1) % self.config.train.eval_every == 0 or round + 1 == rounds:
@@ -179,11 +182,13 @@ class Server:
         return counted, [arrival.client_id for arrival in arrivals], extra, finished_at
 
     def snapshot(self) -> dict:
-        """The server's part of a checkpoint (see rayfed/checkpoint.py)."""
-        return {"state": self.state, "buffers": self.buffers, "virtual_time_s": self.virtual_time_s,
-                "upload_bytes": self.upload_bytes, "async_buffer": self.async_buffer}
+        """The server's part of a checkpoint (see rayfed/checkpoint.py), on the CPU."""
+        return tensors_to({"state": self.state, "buffers": self.buffers, "virtual_time_s": self.virtual_time_s,
+                           "upload_bytes": self.upload_bytes, "async_buffer": self.async_buffer},
+                          torch.device("cpu"))
 
     def restore(self, snapshot: dict) -> None:
+        snapshot = tensors_to(snapshot, self.device)
         self.state = snapshot["state"]
         self.buffers = snapshot["buffers"]
         self.virtual_time_s = snapshot["virtual_time_s"]

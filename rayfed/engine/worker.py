@@ -2,6 +2,7 @@
 with one resident model (one after another, or as one batch with engine.vectorize)."""
 from __future__ import annotations
 
+import copy
 import os
 import time
 import warnings
@@ -13,7 +14,7 @@ from torch import Tensor
 
 from rayfed.algorithms.base import Batch, Upload
 from rayfed.algorithms.registry import build_algorithm
-from rayfed.config import Config, parse_fault
+from rayfed.config import Config
 from rayfed.data.partition import Partition
 from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult, WorkerTiming
 from rayfed.engine.process_memory import peak_rss
@@ -23,8 +24,32 @@ from rayfed.seeding import Purpose, derive_seed, seed_global_torch, torch_genera
 
 
 def device_for(gpus: float) -> torch.device:
-    """A process given a GPU share computes on it; without one (or on a machine without), on the CPU."""
-    return torch.device("cuda" if gpus > 0 and torch.cuda.is_available() else "cpu")
+    """A process given a GPU share computes on it; without one (or on a machine without), on the CPU.
+    On a GPU, kernels are the deterministic ones, so a run gives the same bits every time and in
+    every process: cuBLAS needs a fixed workspace (set before its first use), and torch must not
+    pick atomics-based or benchmarked kernels."""
+    if not (gpus > 0 and torch.cuda.is_available()):
+        return torch.device("cpu")
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    return torch.device("cuda")
+
+
+def tensors_to(value: Any, device: torch.device) -> Any:
+    """`value` with every tensor inside it (in dicts, lists, tuples and rayfed's state objects) on `device`;
+    `value` itself is not changed. Checkpoints hold CPU tensors so that any process can read them."""
+    if isinstance(value, Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {key: tensors_to(item, device) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(tensors_to(item, device) for item in value)
+    if type(value).__module__.startswith("rayfed.") and hasattr(value, "__dict__"):
+        moved = copy.copy(value)
+        moved.__dict__.update({key: tensors_to(item, device) for key, item in vars(value).items()})
+        return moved
+    return value
 
 
 def as_tensor(array: np.ndarray, device: torch.device) -> Tensor:
@@ -104,13 +129,9 @@ class ClientWorker:
         # States from the last train() call, kept until the driver knows whether its uploads counted:
         # a client whose upload was lost (late, or its worker died) must not move on without the server.
         self.pending_states: dict[int, Any] = {}
-        self.faults = {(round_number - 1): (kind, seconds) for kind, worker, round_number, seconds
-                       in (parse_fault(entry, num_workers) for entry in config.engine.fault_injection)
-                       if worker == worker_index}
 
     def train(self, round: int, down: Broadcast, client_ids: list[int]) -> WorkerResult:
         started_at, started = time.time(), time.perf_counter()
-        self._inject_fault(round)
         tensors = {name: t.to(self.device) for name, t in down.tensors.items()}
         buffers = down.buffers.to(self.device)
         if self.config.engine.vectorize:
@@ -160,18 +181,13 @@ class ClientWorker:
     def discard(self) -> None:
         self.pending_states = {}
 
-    def _inject_fault(self, round: int) -> None:
-        kind, seconds = self.faults.get(round, (None, 0.0))
-        if kind == "kill":
-            os._exit(1)         # what an OOM kill looks like from outside: the process is simply gone
-        if kind == "delay":
-            time.sleep(seconds)
-
     def snapshot_client_states(self) -> dict[int, Any]:
-        return dict(self.client_states)
+        return {client: tensors_to(state, torch.device("cpu")) for client, state in self.client_states.items()}
 
     def restore_client_states(self, states: dict[int, Any]) -> None:
-        self.client_states = dict(states)
+        """The states of a checkpoint (on this worker's device); anything trained since is forgotten."""
+        self.client_states = {client: tensors_to(state, self.device) for client, state in states.items()}
+        self.pending_states = {}
 
     def peak_rss(self) -> tuple[int, int]:
         return peak_rss()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from torch import nn
+from torch import Tensor, nn
 
 from rayfed.errors import ConfigError
 
@@ -41,6 +41,14 @@ def lenet5(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     )
 
 
+class SpatialMean(nn.Module):
+    """Global average pooling to 1x1, as AdaptiveAvgPool2d(1) computes it, but with a deterministic
+    CUDA backward (AdaptiveAvgPool2d's uses atomic adds, which deterministic mode refuses)."""
+
+    def forward(self, images: Tensor) -> Tensor:
+        return images.mean(dim=(2, 3), keepdim=True)
+
+
 def vgg11(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """The authors' VGG-11 (spec A16): configuration "A" conv stack with BN, head 512-128 with dropout.
     d ~ 9.30M on 3x32x32 with 100 classes."""
@@ -53,7 +61,7 @@ def vgg11(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
             layers += [nn.Conv2d(channels, stage_width, 3, padding=1), nn.BatchNorm2d(stage_width), nn.ReLU()]
             channels = stage_width
         layers.append(nn.MaxPool2d(2))
-    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 128), nn.ReLU(),
+    return nn.Sequential(*layers, SpatialMean(), nn.Flatten(), nn.Linear(512, 128), nn.ReLU(),
                          nn.Dropout(0.5), nn.Linear(128, num_classes))
 
 
