@@ -18,16 +18,17 @@ from rayfed.config import Config, check_path, load_config, resolve
 from rayfed.data import Dataset, Partition, class_histogram, load_dataset, make_partition, write_histogram_csv
 from rayfed.engine import make_engine
 from rayfed.engine.process_memory import peak_rss, total_peak_rss
-from rayfed.engine.supervisor import Supervisor
+from rayfed.engine.loop import ServerLost, WorkerLost
+from rayfed.engine.supervisor import Supervisor, WorkersGone
 from rayfed.engine.vectorized import vectorize_blocker
 from rayfed.errors import ConfigError, RunFinished, RunStopped
-from rayfed.metrics import ProgressBar, summarize, write_json_atomic
+from rayfed.metrics import METRICS, ProgressBar, summarize, write_json_atomic
 from rayfed.models import FlatModel, build_model
 from rayfed.systems.clients import make_client_systems
 
 
 # What a run writes into its directory; removed again when it fails before its first round.
-RUN_FILES = ("config.yaml", "partition.csv", "metrics.jsonl", "metrics.jsonl.tmp", "summary.json", CHECKPOINT,
+RUN_FILES = ("config.yaml", "partition.csv", METRICS, METRICS + ".tmp", "summary.json", CHECKPOINT,
              CHECKPOINT + ".tmp")
 
 
@@ -100,30 +101,18 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
             (run_dir / "config.yaml").write_text(config.to_yaml())
             write_histogram_csv(run_dir / "partition.csv",
                                 class_histogram(partition, dataset.train_y, dataset.num_classes))
-        supervisor = Supervisor(engine, config, run_dir, [json.loads(line) for line in lines], bar)
+        supervisor = Supervisor(engine, config, run_dir, bar)
         if checkpoint is not None:
-            supervisor.restore(checkpoint)
-            # Rounds after the checkpoint run again, so their lines go.
-            supervisor.log.rewrite(list(lines))
+            _resume_supervisor(supervisor, checkpoint, lines)
         startup_s = time.perf_counter() - started
-        supervisor.run()
-        final = supervisor.final_state()
+        final = supervisor.run()
     except BaseException as error:
-        history = supervisor.history if supervisor is not None else []
-        if new_files and not history:
-            # Nothing was computed: a run directory with no rounds would only mislead.
-            _remove_new_run(run_dir, created)
-        elif run_dir is not None and history:
-            status = error.status if isinstance(error, RunStopped) else "interrupted"
-            write_json_atomic(run_dir / "summary.json", {**summarize(history), "status": status,
-                                                         "stopped_because": str(error) or type(error).__name__,
-                                                         **_identity(config, started)})
-        error.run_dir, error.rounds_completed = run_dir, len(history)
+        _account_for_stop(error, supervisor, new_files, run_dir, created, config, started)
         raise
     finally:
         bar.close()
         if supervisor is not None:
-            supervisor.log.close()
+            supervisor.close()
         engine.shutdown()
     history = supervisor.history
     summary = {
@@ -141,6 +130,31 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
     }
     write_json_atomic(run_dir / "summary.json", summary)
     return Result(history, summary, run_dir, final["params"], final["buffers"])
+
+
+def _resume_supervisor(supervisor: Supervisor, checkpoint: Checkpoint, lines: list[bytes]) -> None:
+    """Once rounds run, the supervisor recovers from actor deaths; before, one is a failed start."""
+    try:
+        supervisor.resume_from(checkpoint, list(lines))
+    except (WorkerLost, ServerLost, WorkersGone) as lost:
+        raise RunStopped(f"an actor died while the run was being resumed ({type(lost).__name__}); nothing in the "
+                         f"run directory was changed; run the command again", "resume_failed") from None
+
+
+def _account_for_stop(error: BaseException, supervisor: Supervisor | None, new_files: bool, run_dir: Path | None,
+                      created: Path | None, config: Config, started: float) -> None:
+    """What a run that stops early leaves: nothing, when it completed no round; otherwise its
+    rounds and a summary saying why it stopped. The error learns where the run is, for the CLI."""
+    history = supervisor.history if supervisor is not None else []
+    if new_files and not history:
+        # Nothing was computed: a run directory with no rounds would only mislead.
+        _remove_new_run(run_dir, created)
+    elif run_dir is not None and history:
+        status = error.status if isinstance(error, RunStopped) else "interrupted"
+        write_json_atomic(run_dir / "summary.json", {**summarize(history), "status": status,
+                                                     "stopped_because": str(error) or type(error).__name__,
+                                                     **_identity(config, started)})
+    error.run_dir, error.rounds_completed = run_dir, len(history)
 
 
 def _identity(config: Config, started: float) -> dict:
@@ -198,9 +212,17 @@ def _create_run_dir(run_dir: Path | None, config: Config) -> tuple[Path, Path | 
 
 
 def _remove_new_run(run_dir: Path, created: Path | None) -> None:
-    """Removes what a new run wrote: the directories made for it, or its files in an empty --out."""
-    if created is not None:
-        shutil.rmtree(created, ignore_errors=True)
+    """Removes what a new run wrote: its directory and the parents made for it while they are empty
+    (another run may have started in them meanwhile), or only its files in an empty --out."""
+    if created is None:
+        for name in RUN_FILES:
+            (run_dir / name).unlink(missing_ok=True)
         return
-    for name in RUN_FILES:
-        (run_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    for parent in run_dir.parents:
+        if parent == created.parent:
+            break
+        try:
+            parent.rmdir()
+        except OSError:
+            break

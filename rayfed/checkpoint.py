@@ -30,6 +30,7 @@ from rayfed.algorithms.mifa import MIFAClientState, MIFAServerState
 from rayfed.config import Config
 from rayfed.engine.messages import ClientResult
 from rayfed.errors import ConfigError
+from rayfed.metrics import METRICS
 from rayfed.systems.async_buffer import AsyncBuffer, InFlight
 
 CHECKPOINT = "checkpoint.pt"
@@ -67,6 +68,11 @@ def write_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> None:
         file.flush()
         os.fsync(file.fileno())
     os.replace(temporary, run_dir / CHECKPOINT)      # a crash mid-write leaves the previous checkpoint intact
+    directory = os.open(run_dir, os.O_RDONLY)
+    try:
+        os.fsync(directory)                          # the rename itself survives a power cut
+    finally:
+        os.close(directory)
 
 
 def has_checkpoint(run_dir: Path) -> bool:
@@ -108,6 +114,9 @@ def _parse_header(path: Path, line: bytes) -> dict:
     if not isinstance(header, dict) or set(header) != set(fields) \
             or not all(type(header[name]) is kind for name, kind in fields.items()):
         raise ConfigError(f"{path} is damaged: its header is unreadable")
+    if json.dumps(header).encode() != line:
+        # The digest covers the header's fields; this covers the bytes that spell them.
+        raise ConfigError(f"{path} is damaged: its bytes no longer match the SHA-256 written with them")
     if header["rounds_completed"] < 1:
         raise ConfigError(f"{path} is damaged: rounds_completed={header['rounds_completed']}")
     return header
@@ -135,7 +144,7 @@ def check_belongs_to(run_dir: Path, checkpoint: Checkpoint, config: Config) -> N
 
 def lines_before(run_dir: Path, checkpoint: Checkpoint) -> list[bytes]:
     """metrics.jsonl's lines for the rounds the checkpoint completed, checked against its digest."""
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS
     if not path.is_file():
         raise ConfigError(f"{path} is missing; it holds the rounds {CHECKPOINT} continues from")
     lines = path.read_bytes().splitlines(keepends=True)[:checkpoint.rounds_completed]

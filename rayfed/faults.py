@@ -76,11 +76,12 @@ class FaultSchedule:
     again when the engine restarts the worker; every other fault fires once."""
 
     def __init__(self, entries: list[str], num_workers: int):
-        self.pending: list[tuple[int, int, str, Fault]] = []
-        for fault in (parse_fault(entry, num_workers) for entry in entries):
+        self.pending: list[tuple[int, int, str, Fault, str]] = []
+        for entry in entries:
+            fault = parse_fault(entry, num_workers)
             if fault.when == "restart":
-                self.pending.append((fault.target, fault.round, "train", fault))
-            self.pending.append((fault.target, fault.round, fault.when, fault))
+                self.pending.append((fault.target, fault.round, "train", fault, entry))
+            self.pending.append((fault.target, fault.round, fault.when, fault, entry))
 
     def due(self, target: int, round: int, moment: str) -> list[Fault]:
         """The faults to enact now, removed from the schedule."""
@@ -88,6 +89,11 @@ class FaultSchedule:
         for entry in due:
             self.pending.remove(entry)
         return [entry[3] for entry in due]
+
+    def unfired(self) -> list[str]:
+        """Entries whose moment never came (a worker with no clients that round, a round without a
+        checkpoint): a test that relied on one must not pass silently."""
+        return sorted({entry[4] for entry in self.pending})
 
 
 def enact(fault: Fault) -> None:

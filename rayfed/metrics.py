@@ -11,6 +11,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+METRICS = "metrics.jsonl"
 # Keys that measure the machine, not the maths: they differ between identical runs.
 WALL_CLOCK_KEYS = ("wall_time_s", "phase_s")
 
@@ -49,6 +50,10 @@ class MetricsLog:
 
     def sha256(self) -> str:
         return self.digest.hexdigest()
+
+    def sync(self) -> None:
+        """Onto the disk, not only out of this process: a power cut must not lose lines a checkpoint counts."""
+        os.fsync(self.file.fileno())
 
     def rewrite(self, lines: list[bytes]) -> None:
         """Keeps only `lines` (rounds after a checkpoint are about to run again), atomically."""

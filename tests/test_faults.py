@@ -80,16 +80,20 @@ def test_a_worker_out_of_restarts_stops_the_run_with_a_checkpoint_and_one_line(t
     assert resumed.summary["rounds_completed"] == 6
 
 
-def test_a_killed_server_is_recreated_and_the_run_ends_with_the_uninterrupted_bits(tmp_path, ray_cluster):
-    """Died while stepping round 3 (recreated from the round-2 checkpoint) and again while taking the
-    round-4 checkpoint (recreated from the round-2 checkpoint again)."""
+@pytest.mark.parametrize("faults", [
+    # died while stepping round 3 (from the round-2 checkpoint), again while taking the round-4 one
+    "['kill_server:3', 'kill_server:4:checkpoint']",
+    # a worker died training round 3 and the server stepping it: the worker is revived in the recovery
+    "['kill:1:3', 'kill_server:3']",
+])
+def test_a_killed_server_is_recreated_and_the_run_ends_with_the_uninterrupted_bits(tmp_path, ray_cluster, faults):
     base = SYNTHETIC_MLP + ["algorithm.name=mifa", "train.rounds=6", "train.eval_every=3",
                             "train.checkpoint_every=2"]
     whole = run(tmp_path, "engine.backend=local", base=base, name="whole")
-    recovered = run(tmp_path, "engine.backend=ray", "engine.num_workers=2",
-                    "engine.fault_injection=['kill_server:3', 'kill_server:4:checkpoint']", base=base)
+    recovered = run(tmp_path, "engine.backend=ray", "engine.num_workers=2", f"engine.fault_injection={faults}",
+                    base=base)
     assert_same_run(whole, recovered)
-    assert recovered.summary["server_restarts"] == 2
+    assert recovered.summary["server_restarts"] == faults.count("kill_server")
     lines = (recovered.run_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["round"] for line in lines] == list(range(1, 7))
 
@@ -109,6 +113,19 @@ def test_a_server_out_of_restarts_stops_the_run(tmp_path, capsys, ray_cluster):
     assert code == 1 and err.count("\n") == 1, err
     assert "the server actor died in round 2, more than engine.server_max_restarts=0 times" in err
     assert json.loads((out / "summary.json").read_text())["status"] == "server_lost"
+
+
+def test_a_worker_out_of_restarts_while_the_server_is_recreated_stops_without_a_false_checkpoint(tmp_path, capsys,
+                                                                                               ray_cluster):
+    out = tmp_path / "run"
+    code = main(["run", *RAY_MIFA, "engine.worker_max_restarts=1",
+                 "engine.fault_injection=['kill:1:3:restart', 'kill_server:3']", "--out", str(out), "--quiet"])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 1
+    assert err[-1] == ("rayfed: stopped: worker 1 died more than engine.worker_max_restarts=1 times while the server "
+                       "was being recreated; there is no checkpoint to resume from"), err
+    assert not (out / "checkpoint.pt").exists()
+    assert json.loads((out / "summary.json").read_text())["status"] == "workers_lost"
 
 
 def test_a_late_worker_is_a_straggler_and_its_clients_do_not_move_on(tmp_path, ray_cluster):

@@ -165,12 +165,21 @@ class RayEngine:
         except WorkerRestarted as error:
             raise WorkerLost([error.worker_index]) from None
         except ACTOR_LOST as error:
-            if error.actor_id == self.server.actor._actor_id.hex():
-                raise ServerLost() from None
-            for index, handle in enumerate(self.workers):
-                if error.actor_id == handle.actor._actor_id.hex():
-                    raise WorkerLost([index]) from None
-            raise
+            raise self._lost(error) from None
+
+    def _lost(self, error: Exception) -> Exception:
+        """The loss to report for a failed call: by the actor Ray names, or, when it names none, by
+        what the cluster's actor table says of ours; the error itself when that finds none."""
+        actor_id = error.actor_id
+        if actor_id == self.server.actor._actor_id.hex() or (
+                actor_id is None and _actor_state(self.server.actor)[0] != "ALIVE"):
+            return ServerLost()
+        for index, handle in enumerate(self.workers):
+            if actor_id == handle.actor._actor_id.hex():
+                return WorkerLost([index])
+        changed = [index for index, handle in enumerate(self.workers)
+                   if _actor_state(handle.actor) != ("ALIVE", self.restarts_seen[index])]
+        return WorkerLost(changed) if changed else error
 
     def settle(self, calls: dict[int, tuple]) -> tuple[dict[int, Any], dict[int, str]]:
         """Waits up to engine.round_timeout_s for the workers' statuses; returns the delivered results
@@ -193,10 +202,10 @@ class RayEngine:
         """Waits until Ray has restarted `workers` and attaches each to its shard again, enacting its
         fault in `faults` during that attach. Returns the workers back, and those Ray will not
         restart any more (out of engine.worker_max_restarts)."""
-        started = time.monotonic()
         alive, gone = [], []
         for worker in workers:
             fault = faults.get(worker)
+            started = time.monotonic()
             while worker not in alive and worker not in gone:
                 state, restarts = _actor_state(self.workers[worker].actor)
                 waited_s = time.monotonic() - started
@@ -223,17 +232,19 @@ class RayEngine:
     def recreate_server(self) -> None:
         ray.kill(self.server.actor, no_restart=True)
         self.server = self.new_server()
-        ray.get(self.server.actor.__ray_ready__.remote())
+        self.get(self.server.actor.__ray_ready__.remote())
 
     def enact(self, target: int, fault: Fault) -> None:
         handle = self.server if target == SERVER else self.workers[target]
         handle.actor.enact.remote(fault)
 
     def shutdown(self) -> None:
-        for handle in (self.server, *self.workers):
-            ray.kill(handle.actor)
-        if self.started_ray:
-            ray.shutdown()
+        try:
+            for handle in (self.server, *self.workers):
+                ray.kill(handle.actor)
+        finally:
+            if self.started_ray:
+                ray.shutdown()
 
 
 def _actor_state(actor) -> tuple[str, int]:

@@ -9,6 +9,7 @@ when the model diverges or an actor is out of restarts.
 """
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -21,98 +22,130 @@ from rayfed.engine.loop import Engine, ServerLost, WorkerLost, enact_due, play_r
 from rayfed.engine.worker import client_owner
 from rayfed.errors import RunStopped
 from rayfed.faults import SERVER, FaultSchedule
-from rayfed.metrics import MetricsLog, ProgressBar
+from rayfed.metrics import METRICS, MetricsLog, ProgressBar, strict_json
+
+
+class WorkersGone(Exception):
+    """Workers Ray will not restart any more: a run with rounds left cannot go on without their clients."""
 
 
 class Supervisor:
-    def __init__(self, engine: Engine, config: Config, run_dir: Path, history: list[dict], progress: ProgressBar):
+    def __init__(self, engine: Engine, config: Config, run_dir: Path, progress: ProgressBar):
         self.engine = engine
         self.config = config
         self.run_dir = run_dir
-        self.history = history          # every round's metrics so far, resumed ones included
         self.progress = progress
-        self.log = MetricsLog(run_dir / "metrics.jsonl")
+        self.history: list[dict] = []   # every round's metrics so far, resumed ones included
+        self.log = MetricsLog(run_dir / METRICS)
         self.faults = FaultSchedule(config.engine.fault_injection, config.engine.num_workers)
         self.server_restarts = 0
         self.gone_workers: list[int] = []
         # What became of the client states of workers revived between rounds, for the next round's metrics.
         self.revived_between_rounds: list[str] = []
+        self.round = 0                  # the round being played: faults are scheduled by it
 
-    def restore(self, checkpoint: Checkpoint) -> None:
-        """Puts the server and every worker in the checkpoint's state."""
-        self.engine.get(self.engine.server.restore(checkpoint.server))
-        self._restore_client_states(checkpoint.client_states, range(len(self.engine.workers)))
+    def resume_from(self, checkpoint: Checkpoint, lines: list[bytes]) -> None:
+        """Continues from `checkpoint`, whose rounds are `lines` of metrics.jsonl: the server and every
+        worker go back to it, and the rounds after it run again, so their lines go."""
+        self._go_back_to(checkpoint)
+        self.history = [json.loads(line) for line in lines]
+        self.log.rewrite(lines)
 
-    def run(self) -> None:
+    def run(self) -> dict:
+        """Plays the rounds left; returns what the summary and the Result report."""
         self.started = time.perf_counter()
-        clients_keep_state = self.engine.get(self.engine.server.clients_keep_state())
-        round = len(self.history)
-        while round < self.config.train.rounds:
+        while True:
             try:
-                self._play(round, clients_keep_state)
-                round += 1
+                return self._play_to_the_end()
             except ServerLost:
-                round = self._recover_server(round)
+                self._recover_server()
+            except WorkersGone:
+                self._stop_without_gone_workers()
+
+    def close(self) -> None:
+        self.log.close()
+        unfired = self.faults.unfired()
+        if unfired:
+            print(f"rayfed: engine.fault_injection: never fired: {', '.join(unfired)}", file=sys.stderr)
+
+    def _play_to_the_end(self) -> dict:
+        clients_keep_state = self.engine.get(self.engine.server.clients_keep_state())
+        while len(self.history) < self.config.train.rounds:
+            self._play(len(self.history), clients_keep_state)
+        return self._final_state()
 
     def _play(self, round: int, clients_keep_state: bool) -> None:
+        self.round = round
         metrics = play_round(self.engine, round, clients_keep_state, self.faults)
         metrics["wall_time_s"] = time.perf_counter() - self.started
         died = [int(worker) for worker, why in metrics.get("failed_workers", {}).items() if why == "died"]
         if died:
-            self.revived_between_rounds.append(self._revive(died, round))
+            self.revived_between_rounds.append(self._revive(died))
         if self.revived_between_rounds:
             metrics["client_states_after_restart"] = "; ".join(self.revived_between_rounds)
             self.revived_between_rounds = []
-        self.history.append(metrics)
+        self.history.append(strict_json(metrics))      # as metrics.jsonl and resumed rounds hold it
         self.log.append(metrics)
         self.progress.update(metrics)
-        if self.gone_workers and round + 1 < self.config.train.rounds:
-            self._stop_without(round)
         _check_finite(metrics, self.config, self.run_dir)
+        if self.gone_workers and not self._all_rounds_done():
+            raise WorkersGone()
         every = self.config.train.checkpoint_every
-        if every and (round + 1) % every == 0 and round + 1 < self.config.train.rounds:
-            self._checkpoint(round)
+        if every and (round + 1) % every == 0 and not self._all_rounds_done():
+            self._checkpoint()
         for worker in range(len(self.engine.workers)):
             enact_due(self.engine, self.faults, worker, round, "idle")
 
-    def _checkpoint(self, round: int) -> None:
-        for target in (SERVER, *range(len(self.engine.workers))):
-            enact_due(self.engine, self.faults, target, round, "checkpoint")
-        server = self.engine.get(self.engine.server.snapshot())
-        client_states = {}
-        for states in self._ask_workers(lambda worker: worker.snapshot_client_states(), round):
-            client_states.update(states)
-        self._write_checkpoint(round + 1, server, client_states)
+    def _all_rounds_done(self) -> bool:
+        return len(self.history) == self.config.train.rounds
 
-    def _write_checkpoint(self, rounds_completed: int, server: dict, client_states: dict) -> None:
-        write_checkpoint(self.run_dir, Checkpoint(rounds_completed, self.config.algorithm.name,
+    def _checkpoint(self) -> None:
+        for target in (SERVER, *range(len(self.engine.workers))):
+            enact_due(self.engine, self.faults, target, self.round, "checkpoint")
+        self._write_checkpoint(self.engine.get(self.engine.server.snapshot()), self._client_states())
+
+    def _client_states(self) -> dict[int, Any]:
+        client_states = {}
+        for states in self._ask_workers(lambda worker: self.engine.workers[worker].snapshot_client_states()):
+            client_states.update(states)
+        return client_states
+
+    def _write_checkpoint(self, server: dict, client_states: dict) -> None:
+        # The checkpoint records the digest of these lines: they must reach the disk before it does.
+        self.log.sync()
+        write_checkpoint(self.run_dir, Checkpoint(len(self.history), self.config.algorithm.name,
                                                   self.config.model.name, config_sha256(self.config),
                                                   self.log.sha256(), server, client_states))
 
-    def _ask_workers(self, call: Callable[[Any], Any], round: int) -> list:
-        """`call` on every worker still in the run, resolved; workers that die meanwhile are revived
-        and asked again."""
-        while True:
-            workers = [w for w in range(len(self.engine.workers)) if w not in self.gone_workers]
-            try:
-                return self.engine.get([call(self.engine.workers[w]) for w in workers])
-            except WorkerLost as lost:
-                self.revived_between_rounds.append(self._revive(lost.workers, round))
-                if self.gone_workers and round + 1 < self.config.train.rounds:
-                    self._stop_without(round)
+    def _last_checkpoint(self) -> Checkpoint | None:
+        return read_checkpoint(self.run_dir) if has_checkpoint(self.run_dir) else None
 
-    def _revive(self, workers: list[int], round: int) -> str:
+    def _ask_workers(self, call: Callable[[int], Any], workers: list[int] | None = None) -> list:
+        """`call(worker)` on each of `workers` (default: every worker still in the run), resolved.
+        Workers that die meanwhile are revived and asked again; while rounds are left to play,
+        a worker out of restarts raises WorkersGone."""
+        while True:
+            asked = [w for w in (range(len(self.engine.workers)) if workers is None else workers)
+                     if w not in self.gone_workers]
+            try:
+                return self.engine.get([call(worker) for worker in asked])
+            except WorkerLost as lost:
+                self.revived_between_rounds.append(self._revive(lost.workers))
+                if self.gone_workers and not self._all_rounds_done():
+                    raise WorkersGone() from None
+
+    def _revive(self, workers: list[int]) -> str:
         """Brings restarted workers back with their clients' states from the last checkpoint.
         Returns what happened, for metrics.jsonl; workers out of restarts join `gone_workers`."""
-        checkpoint = read_checkpoint(self.run_dir) if has_checkpoint(self.run_dir) else None
+        checkpoint = self._last_checkpoint()
         pending, gone = list(workers), []
         while pending:
-            faults = {worker: fault for worker in pending for fault in self.faults.due(worker, round, "restart")}
+            faults = {worker: fault for worker in pending for fault in self.faults.due(worker, self.round, "restart")}
             alive, newly_gone = self.engine.revive(pending, faults)
             gone += newly_gone
             try:
                 if checkpoint is not None:
-                    self._restore_client_states(checkpoint.client_states, alive)
+                    self.engine.get([self._restore_call(checkpoint.client_states, worker) for worker in alive])
                 pending = []
             except WorkerLost as lost:
                 pending = lost.workers
@@ -122,65 +155,77 @@ class Supervisor:
             return outcome + "reset: no checkpoint"
         return outcome + f"restored from the checkpoint of round {checkpoint.rounds_completed}"
 
-    def _restore_client_states(self, states: dict[int, Any], workers) -> None:
+    def _restore_call(self, states: dict[int, Any], worker: int):
         num_workers = len(self.engine.workers)
-        self.engine.get([self.engine.workers[w].restore_client_states(
-            {client: state for client, state in states.items() if client_owner(client, num_workers) == w})
-            for w in workers])
+        return self.engine.workers[worker].restore_client_states(
+            {client: state for client, state in states.items() if client_owner(client, num_workers) == worker})
 
-    def _stop_without(self, round: int) -> None:
-        """Workers ran out of restarts: a last checkpoint of everything still known (the gone
-        workers' clients as the previous checkpoint had them), then stop."""
-        previous = read_checkpoint(self.run_dir) if has_checkpoint(self.run_dir) else None
-        client_states = {}
-        if previous is not None:
+    def _go_back_to(self, checkpoint: Checkpoint | None) -> None:
+        """The server and every worker as at `checkpoint` (None: as at the start)."""
+        if checkpoint is not None:
+            self.engine.get(self.engine.server.restore(checkpoint.server))
+        states = checkpoint.client_states if checkpoint is not None else {}
+        self._ask_workers(lambda worker: self._restore_call(states, worker))
+
+    def _stop_without_gone_workers(self) -> None:
+        """A last checkpoint of everything still known (the gone workers' clients as the previous
+        checkpoint had them), then the run stops."""
+        try:
+            previous = self._last_checkpoint()
             num_workers = len(self.engine.workers)
-            client_states = {client: state for client, state in previous.client_states.items()
+            client_states = {client: state for client, state in (previous.client_states if previous else {}).items()
                              if client_owner(client, num_workers) in self.gone_workers}
-        server = self.engine.get(self.engine.server.snapshot())
-        for states in self._ask_workers(lambda worker: worker.snapshot_client_states(), round):
-            client_states.update(states)
-        self._write_checkpoint(round + 1, server, client_states)
+            server = self.engine.get(self.engine.server.snapshot())
+            while True:
+                try:
+                    client_states.update(self._client_states())
+                    break
+                except WorkersGone:
+                    continue        # another worker gone: ask those that are left
+            self._write_checkpoint(server, client_states)
+            saved = f"stopped after round {len(self.history)} with a checkpoint of what is still known"
+        except ServerLost:
+            saved = f"the server died too; stopped after round {len(self.history)}"
         workers = ", ".join(map(str, sorted(self.gone_workers)))
         raise RunStopped(f"worker {workers} died more than engine.worker_max_restarts="
-                         f"{self.config.engine.worker_max_restarts} times; stopped after round {round + 1} with a "
-                         f"checkpoint of what is still known; resume with: rayfed run --resume {self.run_dir}",
+                         f"{self.config.engine.worker_max_restarts} times; {saved}; {self._resume_hint()}",
                          "workers_lost")
 
-    def _recover_server(self, round: int) -> int:
-        """Recreates the server from the last checkpoint (or from the start) and takes every worker's
-        clients back to it; returns the round to go on from."""
+    def _resume_hint(self) -> str:
+        if has_checkpoint(self.run_dir):
+            return f"resume from the last checkpoint with: rayfed run --resume {self.run_dir}"
+        return "there is no checkpoint to resume from"
+
+    def _recover_server(self) -> None:
+        """Recreates the server from the last checkpoint (or from the start), takes every worker's
+        clients back to it, and forgets the rounds since: they run again."""
         self.server_restarts += 1
         limit = self.config.engine.server_max_restarts
         if self.server_restarts > limit:
-            resume = (f"resume from the last checkpoint with: rayfed run --resume {self.run_dir}"
-                      if has_checkpoint(self.run_dir) else "there is no checkpoint to resume from")
-            raise RunStopped(f"the server actor died in round {round + 1}, more than engine.server_max_restarts="
-                             f"{limit} times; {resume}", "server_lost")
-        self.engine.recreate_server()
-        checkpoint = read_checkpoint(self.run_dir) if has_checkpoint(self.run_dir) else None
-        if checkpoint is None:
-            restart = 0
-            self._ask_workers(lambda worker: worker.restore_client_states({}), round)
-        else:
-            restart = checkpoint.rounds_completed
-            self.engine.get(self.engine.server.restore(checkpoint.server))
-            self._restore_client_states(checkpoint.client_states, range(len(self.engine.workers)))
-        lines = self.log.path.read_bytes().splitlines(keepends=True)[:restart]
-        self.log.rewrite(lines)
+            raise RunStopped(f"the server actor died in round {self.round + 1}, more than "
+                             f"engine.server_max_restarts={limit} times; {self._resume_hint()}", "server_lost")
+        checkpoint = self._last_checkpoint()
+        try:
+            self.engine.recreate_server()
+            self._go_back_to(checkpoint)
+        except WorkersGone:
+            workers = ", ".join(map(str, sorted(self.gone_workers)))
+            raise RunStopped(f"worker {workers} died more than engine.worker_max_restarts="
+                             f"{self.config.engine.worker_max_restarts} times while the server was being recreated; "
+                             f"{self._resume_hint()}", "workers_lost") from None
+        restart = checkpoint.rounds_completed if checkpoint is not None else 0
+        self.log.rewrite(self.log.path.read_bytes().splitlines(keepends=True)[:restart])
         del self.history[restart:]
         self.progress.rewind(restart)
-        origin = f"the checkpoint of round {restart}" if checkpoint else "the start"
-        print(f"rayfed: the server actor died in round {round + 1}; recreated it from {origin} and running the "
+        self.revived_between_rounds = []
+        origin = f"the checkpoint of round {restart}" if checkpoint is not None else "the start"
+        print(f"rayfed: the server actor died in round {self.round + 1}; recreated it from {origin} and running the "
               f"rounds since again", file=sys.stderr)
-        return restart
 
-    def final_state(self) -> dict:
-        """What the summary and the Result report at the end of the run."""
+    def _final_state(self) -> dict:
         engine = self.engine
-        round = self.config.train.rounds - 1
-        client_state_bytes = sum(self._ask_workers(lambda worker: worker.client_state_bytes(), round))
-        worker_peaks = self._ask_workers(lambda worker: worker.peak_rss(), round)
+        client_state_bytes = sum(self._ask_workers(lambda worker: engine.workers[worker].client_state_bytes()))
+        worker_peaks = self._ask_workers(lambda worker: engine.workers[worker].peak_rss())
         return {"params": engine.get(engine.server.global_params()),
                 "buffers": engine.get(engine.server.broadcast()).buffers,
                 "server_state_bytes": engine.get(engine.server.state_bytes()),
