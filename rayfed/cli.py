@@ -1,4 +1,5 @@
-"""`rayfed run [CONFIG.yaml] [key=value ...] [--out DIR]`, `rayfed config ...` and `rayfed bench ...`."""
+"""`rayfed run [CONFIG.yaml] [key=value ...] [--out DIR]`, `rayfed config ...`, `rayfed bench ...`,
+`rayfed sweep ...` and `rayfed report ...`."""
 from __future__ import annotations
 
 import argparse
@@ -29,11 +30,38 @@ def main(argv: list[str] | None = None) -> int:
     bench_parser.add_argument("--repeats", type=int, default=1, help="measurements per engine (default 1)")
     bench_parser.add_argument("--json", metavar="PATH", default="bench.json",
                               help="where to write the results (default bench.json)")
+    sweep_parser = commands.add_parser("sweep", help="run a grid of configs as Ray Tune trials")
+    sweep_parser.add_argument("items", nargs="+", metavar="SWEEP.yaml [key=value ...]",
+                              help="a sweep file (base config and grid) and overrides of its base")
+    sweep_parser.add_argument("--out", metavar="DIR", help="the sweep directory (default sweeps/<file name>)")
+    sweep_parser.add_argument("--select", metavar="METRIC", choices=("best_test_accuracy", "final_test_accuracy"),
+                              help="after the sweep, pick per group the hyper-parameters with the best mean over "
+                                   "seeds: best_test_accuracy or final_test_accuracy")
+    sweep_parser.add_argument("--group", metavar="KEY", nargs="+", default=["algorithm.name"],
+                              help="the keys that make a group for --select (default algorithm.name)")
+    sweep_parser.add_argument("--quiet", action="store_true", help="no progress view")
+    report_parser = commands.add_parser("report", help="tables and plots over run or sweep directories")
+    report_parser.add_argument("dirs", nargs="+", metavar="DIR", help="run directories, or directories holding them")
+    report_parser.add_argument("--group", metavar="KEY", nargs="+", default=["algorithm.name"],
+                               help="config keys whose values make a group; runs in a group differ by seed "
+                                    "(default algorithm.name)")
+    report_parser.add_argument("--target", metavar="ACC", type=float,
+                               help="test accuracy whose first reaching on the seed-mean curve is reported")
+    report_parser.add_argument("--x", choices=("round", "virtual_time_s", "bytes"), default="round",
+                               help="the plots' x axis (default round)")
+    report_parser.add_argument("--out", metavar="DIR",
+                               help="where report.md and the plots go (default: the one DIR given, else ./report)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     try:
         if args.command == "bench":
             return _bench(args)
+        if args.command == "sweep":
+            from rayfed.sweep.cli import sweep_command
+            return sweep_command(args.items, args.out, args.select, args.group, not args.quiet)
+        if args.command == "report":
+            from rayfed.report.cli import report_command
+            return report_command(args.dirs, args.group, args.target, args.x, args.out)
         if args.command == "run" and args.resume is not None:
             if args.items or args.out:
                 raise ConfigError("--resume takes the run directory alone: its config.yaml holds the config")

@@ -28,7 +28,7 @@ from rayfed.systems.availability import AVAILABILITIES
 MODELS = ("auto", *MODEL_NAMES)
 # The papers' model for each dataset: FedProx used logistic regression on Synthetic.
 AUTO_MODELS = {"synthetic": "logreg", "mnist": "mlp", "fashion_mnist": "mlp", "cifar10": "lenet5", "cifar100": "vgg11",
-               "cifar10_random": "lenet5"}
+               "cifar10_random": "lenet5", "digits": "mlp"}
 BACKENDS = ("local", "ray")
 ROUND_POLICIES = ("sync", "deadline", "overcommit", "async_buffered")
 STALENESS_WEIGHTS = ("none", "sqrt")
@@ -231,6 +231,10 @@ class EngineConfig(_Section):
     vectorize: _Flag = False
 
 
+class LoggingConfig(_Section):
+    tensorboard: _Flag = False
+
+
 class Config(_Section):
     seed: _count(ge=0, le=MAX_SEED) = 0
     data: DataConfig = Field(default_factory=DataConfig)
@@ -239,6 +243,7 @@ class Config(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     systems: SystemsConfig = Field(default_factory=SystemsConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(warnings=False)

@@ -10,12 +10,13 @@ from typing import NamedTuple
 
 import torch
 
-from rayfed.data.datasets import (RANDOM_CLASSES, RANDOM_IMAGE_SHAPE, RANDOM_TEST_SIZE, RANDOM_TRAIN_SIZE,
-                                  SYNTHETIC_CLASSES, SYNTHETIC_DIMENSION)
+from rayfed.data.datasets import (DIGITS_CLASSES, DIGITS_IMAGE_SHAPE, DIGITS_SAMPLES, RANDOM_CLASSES,
+                                  RANDOM_IMAGE_SHAPE, RANDOM_TEST_SIZE, RANDOM_TRAIN_SIZE, SYNTHETIC_CLASSES,
+                                  SYNTHETIC_DIMENSION)
 from rayfed.errors import ConfigError
 from rayfed.models import build_model
 
-MODEL_NAMES = ("logreg", "mlp", "lenet5", "vgg11")
+MODEL_NAMES = ("logreg", "mlp", "lenet5", "vgg11", "cnn8")
 FLOAT32_BYTES = 4
 FLOAT64_BYTES = 8
 LABEL_BYTES = 8
@@ -40,6 +41,7 @@ DATASET_SHAPES = {
     "cifar10": DatasetShape((3, 32, 32), 10, 60_000),
     "cifar100": DatasetShape((3, 32, 32), 100, 60_000),
     "cifar10_random": DatasetShape(RANDOM_IMAGE_SHAPE, RANDOM_CLASSES, RANDOM_TRAIN_SIZE + RANDOM_TEST_SIZE),
+    "digits": DatasetShape(DIGITS_IMAGE_SHAPE, DIGITS_CLASSES, DIGITS_SAMPLES),
 }
 
 

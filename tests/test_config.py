@@ -161,10 +161,11 @@ def test_check_path_accepts_long_but_legal_paths():
 
 @pytest.mark.parametrize("dataset, fitting", [
     ("synthetic", ["logreg", "mlp"]),
-    ("mnist", ["logreg", "mlp", "lenet5"]),
-    ("fashion_mnist", ["logreg", "mlp", "lenet5"]),
-    ("cifar10", ["logreg", "mlp", "lenet5", "vgg11"]),
-    ("cifar100", ["logreg", "mlp", "lenet5", "vgg11"]),
+    ("mnist", ["logreg", "mlp", "lenet5", "cnn8"]),
+    ("fashion_mnist", ["logreg", "mlp", "lenet5", "cnn8"]),
+    ("cifar10", ["logreg", "mlp", "lenet5", "vgg11", "cnn8"]),
+    ("cifar100", ["logreg", "mlp", "lenet5", "vgg11", "cnn8"]),
+    ("digits", ["logreg", "mlp", "cnn8"]),
 ])
 def test_models_are_checked_against_the_dataset_shape(dataset, fitting):
     for model in MODELS[1:]:
@@ -217,11 +218,19 @@ def test_memory_check_refuses_what_this_machine_cannot_hold(monkeypatch):
     assert load_config(None, ["data.num_clients=2000"]).data.num_clients == 2000
 
 
-def test_shipped_configs_and_bench_workloads_pass_the_checks():
+def test_shipped_configs_and_bench_workloads_pass_the_checks(tmp_path, monkeypatch):
+    """Run configs load; sweep files (base + grid), run from the repository's root, have every grid point resolve."""
     from pathlib import Path
+    import yaml
     from rayfed.bench.workloads import WORKLOADS, workload_config
-    for path in sorted((Path(__file__).parents[1] / "experiments").rglob("*.yaml")):
-        load_config(path, ["data.download=true"])
+    from rayfed.sweep.spec import read_sweep
+    root = Path(__file__).parents[1]
+    monkeypatch.chdir(root)
+    for path in sorted((root / "experiments").rglob("*.yaml")):
+        if "grid" in yaml.safe_load(path.read_text()):
+            assert read_sweep(str(path.relative_to(root)), ["data.download=true"], tmp_path / "base.yaml").trials
+        else:
+            load_config(path, ["data.download=true"])
     for name in WORKLOADS:
         workload_config(name, 3)
 

@@ -1,5 +1,9 @@
+import functools
 import gzip
+import io
 import pickle
+import subprocess
+import sys
 import tracemalloc
 
 import numpy as np
@@ -483,3 +487,141 @@ def test_cifar10_random_is_shaped_like_cifar10():
     assert dataset.train_x.shape == (50_000, 3, 32, 32) and dataset.test_x.shape == (10_000, 3, 32, 32)
     assert dataset.train_x.dtype == np.float32 and set(np.unique(dataset.train_y)) == set(range(10))
     assert abs(float(dataset.train_x[:1000].std()) - 1.0) < 0.01
+
+
+# ---- digits: the UCI handwritten digits scikit-learn ships ----
+
+@functools.cache
+def digits_table() -> np.ndarray:
+    """The real file, read independently of the loader."""
+    with gzip.open(datasets.digits_file(), "rt") as file:
+        table = np.array([[int(value) for value in line.split(",")] for line in file])
+    table.flags.writeable = False
+    return table
+
+
+def test_digits_loads_with_its_shapes_counts_and_labels():
+    dataset = load_dataset("digits")
+    assert dataset.name == "digits" and dataset.num_classes == 10 and dataset.input_shape == (1, 8, 8)
+    assert dataset.train_x.shape == (1442, 1, 8, 8) and dataset.test_x.shape == (355, 1, 8, 8)
+    assert dataset.train_x.dtype == np.float32 and dataset.train_y.dtype == dataset.test_y.dtype == np.int64
+    assert dataset.natural_partition is None
+    for labels in (dataset.train_y, dataset.test_y):
+        assert set(np.unique(labels)) == set(range(10))
+
+
+def test_digits_split_is_fixed_and_stratified():
+    table = digits_table()
+    labels = table[:, -1]
+    rank_in_class = np.array([np.sum(labels[:row] == label) for row, label in enumerate(labels)])
+    is_test = rank_in_class % 5 == 4
+    datasets_by_seed = [load_dataset("digits", seed=seed) for seed in (0, 1, 2**63 - 1)]
+    for dataset in datasets_by_seed:
+        np.testing.assert_array_equal(dataset.train_y, labels[~is_test])
+        np.testing.assert_array_equal(dataset.test_y, labels[is_test])
+        np.testing.assert_array_equal(dataset.train_x, datasets_by_seed[0].train_x)
+    test_counts, all_counts = np.bincount(labels[is_test]), np.bincount(labels)
+    np.testing.assert_array_equal(test_counts, all_counts // 5)     # every class a fifth, to the image
+    raw_pixel = table[~is_test][100, 8 * 3 + 5]
+    assert datasets_by_seed[0].train_x[100, 0, 3, 5] == pytest.approx((raw_pixel - 4.8822) / 6.0185, abs=1e-6)
+
+
+def test_digits_training_inputs_are_standardised():
+    dataset = load_dataset("digits")
+    assert abs(float(dataset.train_x.mean())) < 1e-3 and abs(float(dataset.train_x.std()) - 1) < 1e-3
+    assert abs(float(dataset.test_x.mean())) < 0.1 and abs(float(dataset.test_x.std()) - 1) < 0.1
+
+
+def test_digits_load_fast_without_importing_sklearn():
+    script = ("import sys, time; from rayfed.data import load_dataset; started = time.perf_counter(); "
+              "load_dataset('digits'); print(time.perf_counter() - started, 'sklearn' in sys.modules)")
+    seconds, imported = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True,
+                                       text=True).stdout.split()
+    assert float(seconds) < 0.5 and imported == "False"
+
+
+@pytest.mark.parametrize("kind", ["iid", "dirichlet", "shards"])
+def test_every_partitioner_covers_digits_exactly(kind):
+    dataset = load_dataset("digits")
+    partition = make_partition(kind, dataset.train_y, 10, 20, seed=3, alpha=0.1, shards_per_client=2)
+    assert partition.num_clients == 20 and partition.sizes.min() >= 1
+    np.testing.assert_array_equal(np.sort(partition.indices), np.arange(len(dataset.train_y)))
+
+
+def test_digits_config_resolves_to_dirichlet_and_mlp_and_refuses_natural():
+    config = load_config(None, ["data.dataset=digits"])
+    assert config.data.partition == "dirichlet" and config.model.name == "mlp"
+    with pytest.raises(ConfigError, match="data.partition=natural is only available for data.dataset=synthetic"):
+        load_config(None, ["data.dataset=digits", "data.partition=natural"])
+
+
+def test_missing_digits_file_names_it_at_config_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(datasets, "_sklearn_folder", lambda: tmp_path)
+    target = tmp_path / "datasets" / "data" / "digits.csv.gz"
+    for load in (lambda: load_dataset("digits"), lambda: load_config(None, ["data.dataset=digits"])):
+        with pytest.raises(ConfigError) as raised:
+            load()
+        assert_one_line_naming(raised, target, "is missing from the installed scikit-learn; "
+                                               "reinstall it with pip install --force-reinstall scikit-learn")
+
+
+def test_digits_without_scikit_learn_says_to_install_it(monkeypatch):
+    monkeypatch.setattr(datasets, "_sklearn_folder", lambda: None)
+    with pytest.raises(ConfigError) as raised:
+        load_dataset("digits")
+    assert_one_line_naming(raised, "sklearn/datasets/data/digits.csv.gz", "which is not installed; pip install scikit-learn")
+
+
+def csv_bytes(table: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.savetxt(buffer, table, fmt="%d", delimiter=",")
+    return buffer.getvalue()
+
+
+def gz(data: bytes) -> bytes:
+    return gzip.compress(data, compresslevel=1)     # the default level takes a quarter second here
+
+
+def with_cell(table: np.ndarray, row: int, column: int, value: int) -> np.ndarray:
+    changed = table.copy()
+    changed[row, column] = value
+    return changed
+
+
+# damage applied to the valid table, as the bytes of the gzipped file, and what the message says
+DIGITS_DAMAGE = [
+    pytest.param(lambda table: b"not gzip at all", "is not a valid gzip stream (Not a gzipped file", id="not_gzip"),
+    pytest.param(lambda table: gz(csv_bytes(table))[:-20], "is not a valid gzip stream", id="truncated_gzip"),
+    pytest.param(lambda table: gz(b""), "holds no rows", id="empty"),
+    pytest.param(lambda table: gz(csv_bytes(table[:1000])),
+                 "holds 1000 rows of 65 values, not the 1797 rows of 64 pixels and a label", id="truncated_rows"),
+    pytest.param(lambda table: gz(csv_bytes(table[:, 1:])), "holds 1797 rows of 64 values",
+                 id="missing_column"),
+    pytest.param(lambda table: gz(csv_bytes(table) + b"1,2,3\n"),
+                 "is not a CSV table of integers (the number of columns changed from 65 to 3", id="ragged"),
+    pytest.param(lambda table: gz(csv_bytes(table).replace(b"\n", b".5\n", 1)),
+                 "is not a CSV table of integers (could not convert string '0.5'", id="float"),
+    pytest.param(lambda table: gz(b"\xff\xfe" + csv_bytes(table)), "is not a CSV table of integers",
+                 id="binary"),
+    pytest.param(lambda table: gz(csv_bytes(with_cell(table, 5, 10, 17))),
+                 "holds pixel values outside [0, 16] (from 0 to 17)", id="pixel_17"),
+    pytest.param(lambda table: gz(csv_bytes(with_cell(table, 5, 64, 10))),
+                 "holds labels outside [0, 10) (from 0 to 10)", id="label_10"),
+    pytest.param(lambda table: gz(csv_bytes(with_cell(table, 5, 64, -1))),
+                 "holds labels outside [0, 10) (from -1 to 9)", id="label_-1"),
+]
+
+
+@pytest.mark.parametrize("damage, fragment", DIGITS_DAMAGE)
+def test_damaged_digits_file_gets_one_line_naming_it(tmp_path, monkeypatch, damage, fragment):
+    table = digits_table()
+    monkeypatch.setattr(datasets, "_sklearn_folder", lambda: tmp_path)
+    target = tmp_path / "datasets" / "data" / "digits.csv.gz"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(gz(csv_bytes(table)))
+    assert len(load_dataset("digits").test_y) == 355       # rewritten intact, it loads: the damage is the cause
+    target.write_bytes(damage(table))
+    with pytest.raises(ConfigError) as raised:
+        load_dataset("digits")
+    assert_one_line_naming(raised, target, fragment)
+    assert str(raised.value).endswith("; reinstall scikit-learn with pip install --force-reinstall scikit-learn")

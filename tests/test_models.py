@@ -1,10 +1,13 @@
 """The model zoo, the flat-parameter adapter and a client's minibatch stream."""
 import copy
+import re
 
 import numpy as np
 import pytest
 import torch
 
+import rayfed
+from rayfed.config import load_config
 from rayfed.engine.worker import ClientTask
 from rayfed.errors import ConfigError
 from rayfed.models import FlatModel, build_model
@@ -14,6 +17,8 @@ from rayfed.models import FlatModel, build_model
     ("logreg", (60,), 610),
     ("mlp", (1, 28, 28), 178_710),       # spec §5.3: d ~ 178.7k
     ("lenet5", (3, 32, 32), 941_834),    # spec §5.3: d ~ 0.94M
+    ("mlp", (1, 8, 8), 34_710),          # digits
+    ("cnn8", (1, 8, 8), 13_802),
 ])
 def test_parameter_counts(name, shape, expected):
     assert FlatModel(build_model(name, shape, 10)).num_params == expected
@@ -68,6 +73,51 @@ def test_evaluate_uses_eval_mode_and_restores_train_mode():
 def test_lenet5_rejects_non_image_inputs():
     with pytest.raises(ConfigError, match="needs image data"):
         build_model("lenet5", (60,), 10)
+
+
+@pytest.mark.parametrize("shape", [(1, 8, 8), (1, 28, 28), (3, 32, 32)])
+def test_cnn8_forward_and_backward_shapes(shape):
+    torch.manual_seed(0)
+    model = FlatModel(build_model("cnn8", shape, 10))
+    inputs, targets = torch.randn(4, *shape), torch.randint(0, 10, (4,))
+    assert model.module(inputs).shape == (4, 10)
+    loss, grad = model.loss_and_grad(inputs, targets)
+    assert torch.isfinite(loss) and grad.shape == model.params.shape and bool(grad.abs().sum() > 0)
+
+
+@pytest.mark.parametrize("shape, fragment", [
+    ((60,), "needs image data (channels, height, width), got inputs of shape (60,)"),
+    ((1, 7, 8), "model.name=cnn8 needs images of at least 8x8, got 7x8"),
+])
+def test_cnn8_refuses_what_is_not_an_image_of_at_least_8x8(shape, fragment):
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        build_model("cnn8", shape, 10)
+
+
+@pytest.mark.parametrize("dataset, model, fragment", [
+    ("synthetic", "cnn8", "inputs of shape (60,)): this model needs image data"),
+    ("digits", "lenet5", "inputs of shape (1, 8, 8)): model.name=lenet5 needs images of at least 16x16, got 8x8"),
+    ("digits", "vgg11", "inputs of shape (1, 8, 8)): model.name=vgg11 needs images of at least 32x32, got 8x8"),
+])
+def test_models_that_do_not_fit_are_refused_with_one_line(dataset, model, fragment):
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, [f"data.dataset={dataset}", f"model.name={model}"])
+    message = str(raised.value)
+    assert message.startswith(f"model.name={model} does not fit data.dataset={dataset} (") and fragment in message
+    assert message.splitlines() == [message]
+    fitting = "logreg, mlp" if dataset == "synthetic" else "logreg, mlp, cnn8"
+    assert message.endswith(f"; use one of: {fitting}")
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn8"])
+def test_models_learn_digits_on_the_local_engine(tmp_path, model):
+    """30 rounds of 5 of 20 Dirichlet(0.1) clients: seed 0 reaches 0.958 (mlp) and 0.966 (cnn8);
+    seeds 1 to 3 0.88 to 0.94. Chance is 0.1."""
+    config = load_config(None, ["data.dataset=digits", f"model.name={model}", "engine.backend=local",
+                                "data.num_clients=20", "train.clients_per_round=5", "train.rounds=30",
+                                "train.local_steps=5", "train.eval_every=30"])
+    result = rayfed.run(config, run_dir=tmp_path / "run", progress=False)
+    assert result.history[-1]["test_accuracy"] > 0.85
 
 
 def make_task(num_samples, batch_size, seed=0):

@@ -1,6 +1,9 @@
-"""Datasets as normalised numpy arrays: readers for the official MNIST/CIFAR files, and FedProx's Synthetic."""
+"""Datasets as normalised numpy arrays: readers for the official MNIST/CIFAR files and for the UCI
+digits scikit-learn ships, and FedProx's Synthetic."""
 from dataclasses import dataclass
 import gzip
+import importlib.util
+import io
 import math
 import pathlib
 import pickle
@@ -14,7 +17,7 @@ from rayfed.data.partition import Partition
 from rayfed.errors import ConfigError
 from rayfed.seeding import Purpose, numpy_rng
 
-DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100", "cifar10_random")
+DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100", "cifar10_random", "digits")
 
 _IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 _IDX_UBYTE = 0x08   # the IDX type code of unsigned bytes, the only type MNIST files use
@@ -56,6 +59,19 @@ RANDOM_TRAIN_SIZE = 50_000
 RANDOM_TEST_SIZE = 10_000
 RANDOM_IMAGE_SHAPE = (3, 32, 32)
 RANDOM_CLASSES = 10
+# digits: the UCI handwritten digits (optdigits' test part) as scikit-learn ships them, one CSV row
+# per image: 64 pixel counts in 0..16, then the label.
+DIGITS_FILE = pathlib.PurePath("datasets", "data", "digits.csv.gz")   # inside the sklearn package
+DIGITS_SAMPLES = 1797
+DIGITS_IMAGE_SHAPE = (1, 8, 8)
+DIGITS_CLASSES = 10
+DIGITS_MAX_PIXEL = 16
+# Within each class, in file order, every DIGITS_TEST_EVERY-th image is a test image: a stratified
+# split that no seed, RNG or numpy version can change (1,442 train, 355 test).
+DIGITS_TEST_EVERY = 5
+# Of the training split's pixels, computed once from the file.
+DIGITS_MEAN = 4.8822
+DIGITS_STD = 6.0185
 
 
 @dataclass
@@ -71,7 +87,8 @@ class Dataset:
 
 
 def _source(name: str) -> _ImageSource | None:
-    if name in ("synthetic", "cifar10_random"):
+    """Where under data.root the dataset's files are; None for data that is not read from there."""
+    if name in ("synthetic", "cifar10_random", "digits"):
         return None
     if name not in _IMAGE_SOURCES:
         raise ConfigError(f"data.dataset={name!r} is not one of {', '.join(DATASETS)}")
@@ -97,7 +114,32 @@ def _existing_variant(path: pathlib.Path) -> pathlib.Path | None:
 
 
 def missing_files(name: str, root: str) -> list[pathlib.Path]:
+    """The required files that are absent. For digits, whose file is scikit-learn's and so beyond
+    data.download's reach, its absence raises the ConfigError that says how to get it instead."""
+    if name == "digits":
+        digits_file()
     return [path for path in required_files(name, root) if _existing_variant(path) is None]
+
+
+def _sklearn_folder() -> pathlib.Path | None:
+    """The installed sklearn package, found without importing it (a second, and scipy with it)."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return pathlib.Path(spec.submodule_search_locations[0])
+
+
+def digits_file() -> pathlib.Path:
+    folder = _sklearn_folder()
+    if folder is None:
+        raise ConfigError(f"data.dataset=digits reads sklearn/{DIGITS_FILE.as_posix()} from scikit-learn, "
+                          "which is not installed; pip install scikit-learn")
+    path = folder / DIGITS_FILE
+    if not path.is_file():
+        # The package is there but damaged: a plain install would report it satisfied.
+        raise _one_line_error(f"data.dataset=digits: {path} is missing from the installed scikit-learn; "
+                              "reinstall it with pip install --force-reinstall scikit-learn")
+    return path
 
 
 def load_dataset(name: str, *, root: str = "./data", download: bool = False, seed: int = 0,
@@ -105,6 +147,8 @@ def load_dataset(name: str, *, root: str = "./data", download: bool = False, see
                  synthetic_max_samples: int = 1000) -> Dataset:
     if name == "cifar10_random":
         return _generate_random_images(seed)
+    if name == "digits":
+        return _load_digits()
     source = _source(name)
     if source is None:
         return _generate_synthetic(seed, num_clients, synthetic_alpha, synthetic_beta, synthetic_max_samples)
@@ -142,10 +186,20 @@ def _download(name: str, source: _ImageSource, root: str, missing: list[pathlib.
                           f"{', '.join(str(path) for path in missing)} or check the network") from exc
 
 
-def _bad_file(path: pathlib.Path, problem: str) -> ConfigError:
-    message = f"{path} {problem}; delete it and rerun with data.download=true, or put the official file there"
+def _one_line_error(message: str) -> ConfigError:
     # Paths and exception texts may hold line breaks, and the CLI promises one line.
     return ConfigError(" ".join(message.splitlines()))
+
+
+def _bad_file(path: pathlib.Path, problem: str) -> ConfigError:
+    return _one_line_error(f"{path} {problem}; {_remedy(path)}")
+
+
+def _remedy(path: pathlib.Path) -> str:
+    # data.download cannot replace the file scikit-learn ships; reinstalling the package does.
+    if path.name == DIGITS_FILE.name:
+        return "reinstall scikit-learn with pip install --force-reinstall scikit-learn"
+    return "delete it and rerun with data.download=true, or put the official file there"
 
 
 def _reason(exc: BaseException) -> str:
@@ -313,6 +367,46 @@ def _normalise(images: np.ndarray, source: _ImageSource) -> np.ndarray:
     normalised -= np.asarray(source.mean, dtype=np.float32).reshape(channel_shape)
     normalised /= np.asarray(source.std, dtype=np.float32).reshape(channel_shape)
     return normalised
+
+
+def _load_digits() -> Dataset:
+    table = _read_digits_table(digits_file())
+    images = table[:, :-1].reshape(-1, *DIGITS_IMAGE_SHAPE).astype(np.float32)
+    images -= DIGITS_MEAN
+    images /= DIGITS_STD
+    labels = table[:, -1]
+    is_test = _digits_test_mask(labels)
+    return Dataset("digits", images[~is_test], labels[~is_test], images[is_test], labels[is_test],
+                   num_classes=DIGITS_CLASSES, input_shape=DIGITS_IMAGE_SHAPE)
+
+
+def _digits_test_mask(labels: np.ndarray) -> np.ndarray:
+    """True for every DIGITS_TEST_EVERY-th image of each class, counted in file order."""
+    by_class = np.argsort(labels, kind="stable")
+    class_starts = np.searchsorted(labels[by_class], labels[by_class])
+    rank_in_class = np.empty(len(labels), dtype=np.int64)
+    rank_in_class[by_class] = np.arange(len(labels)) - class_starts
+    return rank_in_class % DIGITS_TEST_EVERY == DIGITS_TEST_EVERY - 1
+
+
+def _read_digits_table(path: pathlib.Path) -> np.ndarray:
+    """The file's rows, once they are known to be scikit-learn's 1797 images and labels."""
+    raw = _read_file(path)
+    if not raw.strip():
+        raise _bad_file(path, "holds no rows")
+    try:
+        table = np.loadtxt(io.BytesIO(raw), delimiter=",", dtype=np.int64, ndmin=2)
+    except ValueError as exc:
+        raise _bad_file(path, f"is not a CSV table of integers ({_reason(exc)})") from exc
+    num_pixels = math.prod(DIGITS_IMAGE_SHAPE)
+    if table.shape != (DIGITS_SAMPLES, num_pixels + 1):
+        raise _bad_file(path, f"holds {table.shape[0]} rows of {table.shape[1]} values, not the {DIGITS_SAMPLES} "
+                              f"rows of {num_pixels} pixels and a label of scikit-learn's file")
+    low, high = int(table[:, :-1].min()), int(table[:, :-1].max())
+    if low < 0 or high > DIGITS_MAX_PIXEL:
+        raise _bad_file(path, f"holds pixel values outside [0, {DIGITS_MAX_PIXEL}] (from {low} to {high})")
+    _check_label_range(int(table[:, -1].min()), int(table[:, -1].max()), DIGITS_CLASSES, path)
+    return table
 
 
 def _generate_random_images(seed: int) -> Dataset:

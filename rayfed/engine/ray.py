@@ -121,7 +121,7 @@ SAME_INCARNATION_S = 10.0
 class RayEngine:
     def __init__(self, config: Config, dataset: Dataset, partition: Partition, client_systems: ClientSystems):
         engine = config.engine
-        self.started_ray = _connect(engine.address, engine.num_workers * engine.worker_cpus,
+        self.started_ray = connect_ray(engine.address, engine.num_workers * engine.worker_cpus,
                                     engine.connect_timeout_s)
         try:
             _check_resources(config)
@@ -254,7 +254,7 @@ def _actor_state(actor) -> tuple[str, int]:
     return entry.get("State", "UNKNOWN"), int(entry.get("NumRestarts", 0))
 
 
-def _connect(address: str | None, cpus_needed: float, timeout_s: float) -> bool:
+def connect_ray(address: str | None, cpus_needed: float, timeout_s: float) -> bool:
     """Joins the cluster at `address` (or RAY_ADDRESS, as under `ray job submit`), reuses a Ray
     already initialised in this process, or starts a private local instance. Returns whether
     this call started Ray (and so must stop it)."""

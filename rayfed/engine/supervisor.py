@@ -4,8 +4,9 @@ A worker that dies is restarted by Ray and gets its clients' states back from th
 checkpoint (or starts them afresh without one). A server actor that dies is recreated from the
 last checkpoint (or from the start), every worker goes back to that checkpoint's client states,
 and the rounds since run again: the run ends with the bits of an uninterrupted one. The
-supervisor writes metrics.jsonl and the checkpoints, and stops the run with one line saying why
-when the model diverges or an actor is out of restarts.
+supervisor writes metrics.jsonl (and with logging.tensorboard the TensorBoard event files) and
+the checkpoints, and stops the run with one line saying why when the model diverges or an actor is
+out of restarts.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from rayfed.engine.worker import client_owner
 from rayfed.errors import RunStopped
 from rayfed.faults import SERVER, FaultSchedule
 from rayfed.metrics import METRICS, MetricsLog, ProgressBar, strict_json
+from rayfed.tensorboard_log import TensorBoardLog
 
 
 class WorkersGone(Exception):
@@ -37,6 +39,7 @@ class Supervisor:
         self.progress = progress
         self.history: list[dict] = []   # every round's metrics so far, resumed ones included
         self.log = MetricsLog(run_dir / METRICS)
+        self.tensorboard = TensorBoardLog(run_dir) if config.logging.tensorboard else None
         self.faults = FaultSchedule(config.engine.fault_injection, config.engine.num_workers)
         self.server_restarts = 0
         self.gone_workers: list[int] = []
@@ -50,6 +53,8 @@ class Supervisor:
         self._go_back_to(checkpoint)
         self.history = [json.loads(line) for line in lines]
         self.log.rewrite(lines)
+        if self.tensorboard is not None:
+            self.tensorboard.rewind(len(lines))
 
     def run(self) -> dict:
         """Plays the rounds left; returns what the summary and the Result report."""
@@ -64,6 +69,8 @@ class Supervisor:
 
     def close(self) -> None:
         self.log.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         unfired = self.faults.unfired()
         if unfired:
             print(f"rayfed: engine.fault_injection: never fired: {', '.join(unfired)}", file=sys.stderr)
@@ -86,6 +93,8 @@ class Supervisor:
             self.revived_between_rounds = []
         self.history.append(strict_json(metrics))      # as metrics.jsonl and resumed rounds hold it
         self.log.append(metrics)
+        if self.tensorboard is not None:
+            self.tensorboard.append(metrics)
         self.progress.update(metrics)
         _check_finite(metrics, self.config, self.run_dir)
         if self.gone_workers and not self._all_rounds_done():
@@ -216,6 +225,8 @@ class Supervisor:
         restart = checkpoint.rounds_completed if checkpoint is not None else 0
         self.log.rewrite(self.log.path.read_bytes().splitlines(keepends=True)[:restart])
         del self.history[restart:]
+        if self.tensorboard is not None:
+            self.tensorboard.rewind(restart)
         self.progress.rewind(restart)
         self.revived_between_rounds = []
         origin = f"the checkpoint of round {restart}" if checkpoint is not None else "the start"

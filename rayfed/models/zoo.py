@@ -1,4 +1,4 @@
-"""The model zoo: logreg, mlp, lenet5, vgg11 (specs/gradma.md §5.3)."""
+"""The model zoo: logreg, mlp, lenet5, vgg11 (specs/gradma.md §5.3), and cnn8 for 8x8 images."""
 from __future__ import annotations
 
 import math
@@ -22,6 +22,22 @@ def mlp(input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int])
         width = hidden
     layers.append(nn.Linear(width, num_classes))
     return nn.Sequential(*layers)
+
+
+def cnn8(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """A small CNN for the 8x8 UCI digits: two 3x3 conv blocks with BN, each halving the side, then
+    FC 64. d = 13,802 on 1x8x8 with 10 classes; larger images only widen the first Linear. No
+    dropout, so that nothing but its BatchNorm keeps engine.vectorize from batching it."""
+    channels, height, width = _image_shape(input_shape)
+    if height < 8 or width < 8:
+        raise ConfigError(f"model.name=cnn8 needs images of at least 8x8, got {height}x{width}")
+    return nn.Sequential(
+        nn.Conv2d(channels, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * (height // 4) * (width // 4), 64), nn.ReLU(),
+        nn.Linear(64, num_classes),
+    )
 
 
 def lenet5(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
@@ -71,11 +87,13 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
         return logreg(input_shape, num_classes)
     if name == "mlp":
         return mlp(input_shape, num_classes, list(hidden_sizes))
+    if name == "cnn8":
+        return cnn8(input_shape, num_classes)
     if name == "lenet5":
         return lenet5(input_shape, num_classes)
     if name == "vgg11":
         return vgg11(input_shape, num_classes)
-    raise ConfigError(f"model.name={name!r} is not one of: logreg, mlp, lenet5, vgg11")
+    raise ConfigError(f"model.name={name!r} is not one of: logreg, mlp, lenet5, vgg11, cnn8")
 
 
 def _image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:

@@ -1,0 +1,1 @@
+"""`rayfed sweep`: a grid of configs run as Ray Tune trials, each an ordinary run directory."""

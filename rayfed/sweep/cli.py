@@ -1,0 +1,59 @@
+"""`rayfed sweep SWEEP.yaml [key=value ...] [--out DIR] [--select METRIC] [--group KEY ...]`."""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from rayfed.config import check_path
+from rayfed.errors import ConfigError
+from rayfed.sweep.select import check_group_keys, select, selection_markdown
+from rayfed.sweep.spec import read_sweep
+
+SWEEP_FILE = "sweep.yaml"
+
+
+def sweep_command(items: list[str], out: str | None, metric: str | None, group_keys: list[str],
+                  progress: bool) -> int:
+    paths = [item for item in items if "=" not in item]
+    overrides = [item for item in items if "=" in item]
+    if len(paths) != 1:
+        raise ConfigError(f"rayfed sweep takes one sweep file, got {len(paths)} (overrides look like key=value)")
+    if metric:
+        check_group_keys(group_keys)
+    sweep_dir = Path(out) if out else Path("sweeps") / Path(paths[0]).stem
+    check_path("--out", str(sweep_dir))
+    with tempfile.TemporaryDirectory() as scratch:
+        sweep = read_sweep(paths[0], overrides, Path(scratch) / "base.yaml")
+    try:
+        from rayfed.sweep.runner import run_sweep
+    except ImportError as error:
+        raise ConfigError(f"rayfed sweep needs Ray Tune ({error}): pip install 'rayfed[tune]'") from None
+    _claim(sweep_dir, sweep.describe())
+    (sweep_dir / "base.yaml").write_text(sweep.base_text)
+    outcomes = run_sweep(sweep, sweep_dir, progress)
+    (sweep_dir / "status.json").write_text(json.dumps(outcomes, indent=2) + "\n")
+    failed = {name: outcome for name, outcome in outcomes.items() if outcome["status"] != "finished"}
+    print(f"rayfed: sweep {sweep_dir}: {len(outcomes) - len(failed)} of {len(outcomes)} trials finished")
+    for outcome in failed.values():
+        print(f"  {outcome['status']}: {outcome['point']}: {outcome.get('reason', '')}".rstrip(": "))
+    if metric:
+        table = selection_markdown(select(sweep, sweep_dir / "trials", metric, group_keys), metric)
+        (sweep_dir / "selection.md").write_text(table)
+        print(table, end="")
+    return 1 if failed else 0
+
+
+def _claim(sweep_dir: Path, description: str) -> None:
+    """A sweep directory holds one sweep: the same command again continues it."""
+    recorded = sweep_dir / SWEEP_FILE
+    if recorded.is_file():
+        if recorded.read_text() != description:
+            raise ConfigError(f"{sweep_dir} holds another sweep (its {SWEEP_FILE} differs); choose another --out")
+        return
+    if sweep_dir.exists() and (not sweep_dir.is_dir() or any(sweep_dir.iterdir())):
+        raise ConfigError(f"{sweep_dir} exists and is not a sweep directory; choose another --out")
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    recorded.write_text(description)
+    print(f"rayfed: sweep directory {sweep_dir}", file=sys.stderr)

@@ -1,0 +1,156 @@
+"""Runs a sweep's trials as Ray Tune trials, on this machine or on the cluster of RAY_ADDRESS.
+
+Tune schedules; rayfed runs. Each trial is `rayfed.run` (or `rayfed.resume`) into its own run
+directory under the sweep directory, so a trial's directory is bitwise what `rayfed run` with the
+point's overrides writes, and a sweep run again finds its finished trials there and continues its
+interrupted ones from their checkpoints. A trial reserves what its run will use: the local engine
+one bundle of engine.worker_cpus (and GPUs); the ray engine a placement group of a bundle for the
+trial's driver, one for the server and one per worker, which its actors are placed in, so trials
+never oversubscribe the cluster.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import ray
+from ray import tune
+from tqdm import tqdm
+
+import rayfed
+from rayfed.checkpoint import has_checkpoint
+from rayfed.config import Config, load_config
+from rayfed.engine.ray import connect_ray
+from rayfed.sweep.spec import Sweep, Trial
+
+# The trial's driver and the server actor mostly wait: a sliver of a CPU each.
+DRIVER_CPUS = 0.01
+# Statuses (summary.json) of runs a sweep keeps as they are when run again.
+KEPT_STATUSES = ("finished", "diverged")
+FAILED = "failed"
+
+
+def trial_bundles(config: Config) -> list[dict[str, float]]:
+    engine = config.engine
+
+    def bundle(cpus: float, gpus: float) -> dict[str, float]:
+        return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+
+    if engine.backend == "local":
+        return [bundle(engine.worker_cpus, max(engine.worker_gpus, engine.server_gpus))]
+    return [bundle(DRIVER_CPUS, 0.0), bundle(DRIVER_CPUS, engine.server_gpus),
+            *[bundle(engine.worker_cpus, engine.worker_gpus)] * engine.num_workers]
+
+
+def trial_status(run_dir: Path) -> str | None:
+    """The status summary.json gives the trial's run, or None when it has none."""
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("status", "finished")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def run_trial(tune_config: dict) -> None:
+    """One Tune trial: a run into its run directory, continued from its checkpoint when it has one."""
+    spec = tune_config["spec"]
+    # Tune starts trials in a directory of its own; configs name files relative to where rayfed runs.
+    if os.path.isdir(spec["cwd"]):
+        os.chdir(spec["cwd"])
+    run_dir = Path(spec["run_dir"])
+    status = trial_status(run_dir)
+    try:
+        if status not in KEPT_STATUSES:
+            if has_checkpoint(run_dir):
+                rayfed.resume(run_dir, progress=False)
+            else:
+                shutil.rmtree(run_dir, ignore_errors=True)     # a start without a checkpoint starts again
+                rayfed.run(load_config(spec["base"], spec["overrides"]), run_dir=run_dir, progress=False)
+        (run_dir.parent / f"{run_dir.name}.failed").unlink(missing_ok=True)
+    except BaseException as error:
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        (run_dir.parent / f"{run_dir.name}.failed").write_text(f"{type(error).__name__}: {reason}\n")
+        raise
+    summary = json.loads((run_dir / "summary.json").read_text())
+    tune.report({key: _finite(summary.get(key)) for key in ("best_test_accuracy", "final_test_accuracy",
+                                                                 "rounds_completed")})
+
+
+def _finite(value):
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def run_sweep(sweep: Sweep, sweep_dir: Path, progress: bool) -> dict[str, dict]:
+    """Runs every trial not already done; returns each trial's status and, if it failed, why."""
+    trials_dir = sweep_dir / "trials"
+    trials_dir.mkdir(exist_ok=True)
+    pending = [trial for trial in sweep.trials if trial_status(trials_dir / trial.name) not in KEPT_STATUSES]
+    if pending:
+        _run_trials(sweep, pending, sweep_dir, progress)
+    return {trial.name: _outcome(trials_dir, trial) for trial in sweep.trials}
+
+
+class TrialProgress(tune.Callback):
+    """Trials done / running / failed, as one progress bar on stderr."""
+
+    def __init__(self, total: int, done: int, enabled: bool):
+        self.bar = tqdm(total=total, initial=done, unit="trial", disable=not enabled, dynamic_ncols=True)
+        self.running = self.failed = 0
+        self._show()
+
+    def _show(self) -> None:
+        self.bar.set_postfix({"running": self.running, "failed": self.failed})
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.running += 1
+        self._show()
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._finished(failed=False)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._finished(failed=True)
+
+    def _finished(self, failed: bool) -> None:
+        self.running -= 1
+        self.failed += failed
+        self.bar.update(1)
+        self._show()
+
+    def on_experiment_end(self, trials, **info):
+        self.bar.close()
+
+
+def _run_trials(sweep: Sweep, pending: list[Trial], sweep_dir: Path, progress: bool) -> None:
+    by_name = {trial.name: trial for trial in sweep.trials}
+    largest = max(sum(bundle["CPU"] for bundle in trial_bundles(trial.config)) for trial in pending)
+    engine = pending[0].config.engine
+    # Tune's newer console output prints its own tables whatever `verbose` says; ours is the progress bar.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    started_ray = connect_ray(engine.address, largest, engine.connect_timeout_s)
+    try:
+        specs = [{"name": trial.name, "base": str(sweep_dir / "base.yaml"), "overrides": list(trial.overrides),
+                  "run_dir": str(sweep_dir / "trials" / trial.name), "cwd": os.getcwd()} for trial in pending]
+        trainable = tune.with_resources(run_trial, lambda tune_config: tune.PlacementGroupFactory(
+            trial_bundles(by_name[tune_config["spec"]["name"]].config)))
+        tuner = tune.Tuner(
+            trainable, param_space={"spec": tune.grid_search(specs)},
+            tune_config=tune.TuneConfig(trial_dirname_creator=lambda trial: trial.config["spec"]["name"][:100]),
+            run_config=tune.RunConfig(name="tune", storage_path=str((sweep_dir / "tune").resolve()), verbose=0,
+                                      callbacks=[TrialProgress(len(sweep.trials), len(sweep.trials) - len(pending),
+                                                               progress)],
+                                      failure_config=tune.FailureConfig(max_failures=0)))
+        tuner.fit()
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+def _outcome(trials_dir: Path, trial: Trial) -> dict:
+    failure = trials_dir / f"{trial.name}.failed"
+    status = trial_status(trials_dir / trial.name)
+    if failure.exists():
+        return {"status": FAILED, "reason": failure.read_text().strip(), "point": trial.label}
+    return {"status": status or "not run", "point": trial.label}

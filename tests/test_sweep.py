@@ -1,0 +1,177 @@
+"""`rayfed sweep`: grids expand and validate before anything starts, trials are ordinary run
+directories bitwise equal to `rayfed run`, failures are recorded without stopping the sweep,
+an interrupted sweep continues, and selection picks by the mean over seeds."""
+import json
+import os
+import shutil
+
+import pytest
+import yaml
+
+from rayfed.cli import main
+from rayfed.config import load_config
+from rayfed.metrics import WALL_CLOCK_KEYS
+from rayfed.sweep.runner import trial_bundles
+from rayfed.sweep.select import select
+from rayfed.sweep.spec import read_sweep
+from tests.test_checkpoint import interrupted
+
+BASE = {"data": {"num_clients": 20}, "train": {"rounds": 5, "clients_per_round": 4, "eval_every": 1,
+                                               "checkpoint_every": 2},
+        "model": {"name": "mlp", "hidden_sizes": [16]}, "engine": {"backend": "local"}}
+TIMING_KEYS = ("wall_time_s", "startup_time_s", "data_time_s", "peak_rss_bytes")
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def write_sweep(path, grid, base=BASE):
+    path.write_text(yaml.safe_dump({"base": base, "grid": grid}, sort_keys=False))
+    return str(path)
+
+
+def test_the_grid_expands_in_file_order_and_every_point_is_resolved(in_tmp):
+    (in_tmp / "base.yaml").write_text(yaml.safe_dump(BASE))
+    path = write_sweep(in_tmp / "s.yaml", {"algorithm.name": ["fedavg", "fedprox"], "algorithm.lr_local": [0.01, 0.1],
+                                           "seed": [0, 1, 2]}, base="base.yaml")
+    sweep = read_sweep(path, ["train.rounds=3"], in_tmp / "copy.yaml")
+    assert len(sweep.trials) == 12
+    first = sweep.trials[0]
+    assert first.overrides == ("train.rounds=3", "algorithm.name=fedavg", "algorithm.lr_local=0.01", "seed=0")
+    assert first.name == "algorithm.name=fedavg__algorithm.lr_local=0.01__seed=0"
+    assert (first.config.train.rounds, first.config.seed) == (3, 0)
+    assert sweep.trials[-1].config.algorithm.mu == 0.01       # fedprox's default filled in per point
+    assert (in_tmp / "copy.yaml").read_text() == (in_tmp / "base.yaml").read_text()
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("grid: [1, 2]\n", "grid must map dotted keys to lists"),
+    ("base: {}\n", "must be a mapping with the keys base"),
+    ("grid: {seed: 3}\n", "grid key seed must have a non-empty list of values"),
+    ("grid: {seed: [1, 1]}\n", "grid key seed repeats a value"),
+    ("grid: {seed: [1]}\nextra: 2\n", "must be a mapping with the keys base"),
+    ("base: nowhere.yaml\ngrid: {seed: [1]}\n", "base config nowhere.yaml does not exist"),
+    ("grid: {seed: [1\n", "is not valid YAML"),
+    ("grid: {train.round: [1]}\n", "unknown key 'train.round'"),
+    ("grid: {algorithm.name: [fedavg, fedavgm], algorithm.beta1: [0.5]}\n",
+     "grid point (algorithm.name=fedavg, algorithm.beta1=0.5): algorithm.beta1 is not a parameter of fedavg"),
+])
+def test_a_bad_sweep_file_or_point_is_one_line_and_nothing_starts(in_tmp, capsys, text, expected):
+    (in_tmp / "bad.yaml").write_text(text)
+    assert main(["sweep", "bad.yaml", "--out", "out", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("rayfed: error: ") and expected in err, err
+    assert not (in_tmp / "out").exists()
+
+
+def test_a_sweep_directory_holds_one_sweep(in_tmp, capsys):
+    (in_tmp / "out").mkdir()
+    (in_tmp / "out" / "sweep.yaml").write_text("something else\n")
+    write_sweep(in_tmp / "s.yaml", {"seed": [0]})
+    assert main(["sweep", "s.yaml", "--out", "out"]) == 2
+    assert "out holds another sweep" in capsys.readouterr().err
+
+
+def test_trials_reserve_what_their_engine_uses():
+    local = load_config(None, ["engine.backend=local", "engine.worker_cpus=2"])
+    assert trial_bundles(local) == [{"CPU": 2.0}]
+    ray = load_config(None, ["engine.num_workers=3", "engine.worker_gpus=0.25", "engine.server_gpus=0.5"])
+    assert trial_bundles(ray) == [{"CPU": 0.01}, {"CPU": 0.01, "GPU": 0.5}, *[{"CPU": 1.0, "GPU": 0.25}] * 3]
+
+
+def test_selection_takes_the_best_mean_over_seeds_per_group(in_tmp):
+    path = write_sweep(in_tmp / "s.yaml", {"algorithm.name": ["fedavg", "fedavgm"], "algorithm.lr_local": [0.01, 0.1],
+                                           "seed": [0, 1]})
+    sweep = read_sweep(path, [], in_tmp / "base.yaml")
+    # fedavg: lr 0.01 has the best single seed (0.9) but lr 0.1 the best mean (0.7 > 0.6)
+    accuracy = {("fedavg", 0.01): (0.9, 0.3), ("fedavg", 0.1): (0.7, 0.7),
+                ("fedavgm", 0.01): (0.5, 0.6), ("fedavgm", 0.1): (0.2, 0.4)}
+    for trial in sweep.trials:
+        point = dict(trial.point)
+        value = accuracy[point["algorithm.name"], point["algorithm.lr_local"]][point["seed"]]
+        (in_tmp / "trials" / trial.name).mkdir(parents=True)
+        (in_tmp / "trials" / trial.name / "summary.json").write_text(json.dumps(
+            {"status": "finished", "best_test_accuracy": value}))
+    rows = select(sweep, in_tmp / "trials", "best_test_accuracy", ["algorithm.name"])
+    assert [(row["group"], row["setting"], row["seeds"]) for row in rows] == [
+        ({"algorithm.name": "fedavg"}, {"algorithm.lr_local": 0.1}, 2),
+        ({"algorithm.name": "fedavgm"}, {"algorithm.lr_local": 0.01}, 2)]
+    assert rows[0]["mean_best_test_accuracy"] == pytest.approx(0.7)
+    assert rows[1]["mean_best_test_accuracy"] == pytest.approx(0.55)
+
+
+def same_run(plain, trial):
+    """The files of two run directories, equal but for wall-clock measurements."""
+    for name in ("config.yaml", "partition.csv"):
+        assert (plain / name).read_bytes() == (trial / name).read_bytes(), name
+    rounds = [[{k: v for k, v in json.loads(line).items() if k not in WALL_CLOCK_KEYS}
+               for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (plain, trial)]
+    assert rounds[0] == rounds[1]
+    summaries = [{k: v for k, v in json.loads((run / "summary.json").read_text()).items() if k not in TIMING_KEYS}
+                 for run in (plain, trial)]
+    assert summaries[0] == summaries[1]
+
+
+@pytest.mark.slow
+def test_trials_are_rayfed_runs_failures_are_recorded_and_a_rerun_continues(in_tmp, capsys, monkeypatch):
+    write_sweep(in_tmp / "s.yaml", {"algorithm.lr_local": [0.02, 1000.0]})
+    assert main(["sweep", "s.yaml", "train.rounds=6", "--out", "out", "--quiet"]) == 1
+    out = capsys.readouterr().out
+    assert "1 of 2 trials finished" in out and "failed: algorithm.lr_local=1000.0: RunStopped: the run diverged" in out
+    status = json.loads((in_tmp / "out" / "status.json").read_text())
+    assert status["algorithm.lr_local=0.02"]["status"] == "finished"
+    assert status["algorithm.lr_local=1000.0"]["status"] == "failed"
+    trial = in_tmp / "out" / "trials" / "algorithm.lr_local=0.02"
+    (in_tmp / "base.yaml").write_text(yaml.safe_dump(BASE))
+    assert main(["run", "base.yaml", "train.rounds=6", "algorithm.lr_local=0.02", "--out", "plain", "--quiet"]) == 0
+    same_run(in_tmp / "plain", trial)
+
+    # The finished trial is interrupted after its round-4 checkpoint, as a killed sweep would leave it;
+    # the diverged one is kept as it is. Running the same command again continues the first.
+    shutil.rmtree(trial)
+    overrides = [f"{key}={value}" for key, value in [("train.rounds", 6), ("algorithm.lr_local", 0.02)]]
+    with monkeypatch.context() as patch:
+        interrupted(in_tmp, _flatten(BASE) + overrides, patch, name="cut")
+    shutil.move(in_tmp / "cut", trial)
+    diverged = (in_tmp / "out" / "trials" / "algorithm.lr_local=1000.0" / "metrics.jsonl").read_bytes()
+    assert main(["sweep", "s.yaml", "train.rounds=6", "--out", "out", "--quiet"]) == 1
+    same_run(in_tmp / "plain", trial)
+    assert (in_tmp / "out" / "trials" / "algorithm.lr_local=1000.0" / "metrics.jsonl").read_bytes() == diverged
+
+
+def _flatten(mapping, prefix=""):
+    items = []
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            items += _flatten(value, f"{prefix}{key}.")
+        else:
+            items.append(f"{prefix}{key}={json.dumps(value)}")
+    return items
+
+
+def test_sweep_without_ray_tune_says_how_to_install_it(in_tmp, capsys, monkeypatch):
+    import builtins
+    real_import = builtins.__import__
+
+    def no_tune(name, *args, **kwargs):
+        if name == "rayfed.sweep.runner":
+            raise ImportError("No module named 'ray.tune'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tune)
+    write_sweep(in_tmp / "s.yaml", {"seed": [0]})
+    assert main(["sweep", "s.yaml", "--out", "out"]) == 2
+    assert "pip install 'rayfed[tune]'" in capsys.readouterr().err
+    assert not os.path.exists(in_tmp / "out")
+
+
+@pytest.mark.slow
+def test_a_ray_engine_trial_runs_its_actors_inside_its_placement_group(in_tmp, capsys, ray_cluster):
+    """The trial's bundles hold the server and workers: outside them the cluster (4 CPUs, 2.02 of them
+    reserved by the trial) has no room for both one-CPU workers, and the trial would hang."""
+    write_sweep(in_tmp / "s.yaml", {"seed": [0]}, base={**BASE, "engine": {"backend": "ray", "num_workers": 2}})
+    assert main(["sweep", "s.yaml", "train.rounds=2", "--out", "out", "--quiet"]) == 0
+    assert json.loads((in_tmp / "out" / "status.json").read_text())["seed=0"]["status"] == "finished"
