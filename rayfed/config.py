@@ -159,6 +159,8 @@ class DataConfig(_Section):
     synthetic_beta: _number(ge=0.0, le=MAX_SYNTHETIC_SPREAD) = 1.0
     # A client needs a training and a test sample.
     synthetic_max_samples: _count(ge=2) = 1000
+    # Random 4-pixel-padded crops and horizontal flips of training images (rayfed.data.augment).
+    augment: _Flag = False
 
 
 class ModelConfig(_Section):

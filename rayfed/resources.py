@@ -16,7 +16,7 @@ from rayfed.data.datasets import (DIGITS_CLASSES, DIGITS_IMAGE_SHAPE, DIGITS_SAM
 from rayfed.errors import ConfigError
 from rayfed.models import build_model
 
-MODEL_NAMES = ("logreg", "mlp", "lenet5", "vgg11", "cnn8")
+MODEL_NAMES = ("logreg", "mlp", "lenet5", "vgg11", "cnn8", "convmixer")
 FLOAT32_BYTES = 4
 FLOAT64_BYTES = 8
 LABEL_BYTES = 8
@@ -72,8 +72,12 @@ def input_misfit(name: str, dataset: str) -> str | None:
 
 def check_model(config) -> torch.nn.Module:
     """The run's model on the meta device, once it is known to take the dataset's inputs and to
-    train on the configured batches."""
+    train on the configured batches (augmented, with data.augment, which needs images)."""
     name, dataset = config.model.name, config.data.dataset
+    if config.data.augment and len(DATASET_SHAPES[dataset].input_shape) != 3:
+        raise ConfigError(f"data.augment=true crops and flips images; data.dataset={dataset} has inputs of shape "
+                          f"{DATASET_SHAPES[dataset].input_shape}, not (channels, height, width); "
+                          f"use data.augment=false")
     problem = input_misfit(name, dataset)
     if problem:
         fitting = [other for other in MODEL_NAMES if not input_misfit(other, dataset)]

@@ -19,6 +19,7 @@ class Purpose(IntEnum):
     SYNTHETIC_DATA = 6
     CLIENT_SPEEDS = 7
     AVAILABILITY = 8
+    AUGMENT = 9
 
 
 def derive_seed(seed: int, purpose: Purpose, round: int = 0, client_id: int = 0) -> int:

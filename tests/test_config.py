@@ -161,11 +161,11 @@ def test_check_path_accepts_long_but_legal_paths():
 
 @pytest.mark.parametrize("dataset, fitting", [
     ("synthetic", ["logreg", "mlp"]),
-    ("mnist", ["logreg", "mlp", "lenet5", "cnn8"]),
-    ("fashion_mnist", ["logreg", "mlp", "lenet5", "cnn8"]),
-    ("cifar10", ["logreg", "mlp", "lenet5", "vgg11", "cnn8"]),
-    ("cifar100", ["logreg", "mlp", "lenet5", "vgg11", "cnn8"]),
-    ("digits", ["logreg", "mlp", "cnn8"]),
+    ("mnist", ["logreg", "mlp", "lenet5", "cnn8", "convmixer"]),
+    ("fashion_mnist", ["logreg", "mlp", "lenet5", "cnn8", "convmixer"]),
+    ("cifar10", ["logreg", "mlp", "lenet5", "vgg11", "cnn8", "convmixer"]),
+    ("cifar100", ["logreg", "mlp", "lenet5", "vgg11", "cnn8", "convmixer"]),
+    ("digits", ["logreg", "mlp", "cnn8", "convmixer"]),
 ])
 def test_models_are_checked_against_the_dataset_shape(dataset, fitting):
     for model in MODELS[1:]:

@@ -94,7 +94,35 @@ def test_cnn8_refuses_what_is_not_an_image_of_at_least_8x8(shape, fragment):
         build_model("cnn8", shape, 10)
 
 
+@pytest.mark.parametrize("num_classes", [10, 100])
+def test_convmixer_has_the_spec_size(num_classes):
+    width, kernel, patch, depth = 256, 5, 2, 8
+    stem = 3 * width * patch * patch + width + 2 * width
+    block = (width * kernel * kernel + width) + 2 * width + (width * width + width) + 2 * width
+    head = width * num_classes + num_classes
+    model = FlatModel(build_model("convmixer", (3, 32, 32), num_classes))
+    assert model.num_params == stem + depth * block + head
+    assert model.buffers.numel() == (1 + 2 * depth) * 2 * width      # 17 BatchNorms: running mean and var
+
+
+def test_convmixer_forward_and_backward_shapes():
+    torch.manual_seed(0)
+    model = FlatModel(build_model("convmixer", (3, 32, 32), 10))
+    assert not any(isinstance(layer, torch.nn.AdaptiveAvgPool2d) for layer in model.module.modules())
+    inputs, targets = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
+    assert model.module(inputs).shape == (4, 10)
+    loss, grad = model.loss_and_grad(inputs, targets)
+    assert torch.isfinite(loss) and grad.shape == model.params.shape and bool(grad.abs().sum() > 0)
+
+
+@pytest.mark.parametrize("dataset", ["cifar10", "cifar100", "cifar10_random"])
+def test_convmixer_is_accepted_for_cifar(dataset):
+    assert load_config(None, [f"data.dataset={dataset}", "model.name=convmixer", "data.download=true"]).model.name \
+        == "convmixer"
+
+
 @pytest.mark.parametrize("dataset, model, fragment", [
+    ("synthetic", "convmixer", "inputs of shape (60,)): this model needs image data"),
     ("synthetic", "cnn8", "inputs of shape (60,)): this model needs image data"),
     ("digits", "lenet5", "inputs of shape (1, 8, 8)): model.name=lenet5 needs images of at least 16x16, got 8x8"),
     ("digits", "vgg11", "inputs of shape (1, 8, 8)): model.name=vgg11 needs images of at least 32x32, got 8x8"),
@@ -105,7 +133,7 @@ def test_models_that_do_not_fit_are_refused_with_one_line(dataset, model, fragme
     message = str(raised.value)
     assert message.startswith(f"model.name={model} does not fit data.dataset={dataset} (") and fragment in message
     assert message.splitlines() == [message]
-    fitting = "logreg, mlp" if dataset == "synthetic" else "logreg, mlp, cnn8"
+    fitting = "logreg, mlp" if dataset == "synthetic" else "logreg, mlp, cnn8, convmixer"
     assert message.endswith(f"; use one of: {fitting}")
 
 

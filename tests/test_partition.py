@@ -1,11 +1,15 @@
+import collections
 import csv
+import functools
 
 import numpy as np
 import pytest
 
-from rayfed.data.partition import (Partition, class_histogram, make_partition, partition_dirichlet, partition_iid,
-                                   partition_shards, write_histogram_csv)
+from rayfed.config import load_config
+from rayfed.data.partition import (Partition, class_histogram, feddyn_handouts, make_partition, partition_dirichlet,
+                                   partition_iid, partition_shards, write_histogram_csv)
 from rayfed.errors import ConfigError
+from rayfed.seeding import Purpose, numpy_rng
 
 NUM_CLASSES = 10
 NUM_CLIENTS = 100
@@ -15,6 +19,12 @@ NUM_CLIENTS = 100
 def labels() -> np.ndarray:
     """10 classes x 600 samples, in shuffled order like a real training set."""
     return np.random.default_rng(0).permutation(np.repeat(np.arange(NUM_CLASSES), 600))
+
+
+@pytest.fixture(scope="module")
+def cifar_labels() -> np.ndarray:
+    """CIFAR-10's training labels: 10 classes x 5,000 samples, shuffled."""
+    return np.random.default_rng(1).permutation(np.repeat(np.arange(NUM_CLASSES), 5000))
 
 
 def largest_share_per_class(partition: Partition, labels: np.ndarray) -> np.ndarray:
@@ -35,9 +45,11 @@ def assert_exact_cover(partition: Partition, num_samples: int, num_clients: int)
     assert sum(len(set(piece.tolist())) for piece in pieces) == num_samples
 
 
-@pytest.mark.parametrize("kind", ["iid", "dirichlet", "shards"])
+@pytest.mark.parametrize("kind", ["iid", "dirichlet", "feddyn", "moon", "shards"])
 def test_every_sample_assigned_exactly_once(kind, labels):
-    partition = make_partition(kind, labels, NUM_CLASSES, NUM_CLIENTS, seed=3, alpha=0.1, shards_per_client=2)
+    # 6000 samples split evenly, so feddyn has no leftover; moon needs a larger alpha to give 10 each
+    alpha = 0.5 if kind == "moon" else 0.1
+    partition = make_partition(kind, labels, NUM_CLASSES, NUM_CLIENTS, seed=3, alpha=alpha, shards_per_client=2)
     assert_exact_cover(partition, len(labels), NUM_CLIENTS)
 
 
@@ -70,9 +82,10 @@ def test_dirichlet_with_absent_classes_and_barely_enough_samples():
     assert_exact_cover(partition, len(labels), 4)
 
 
-@pytest.mark.parametrize("kind", ["iid", "dirichlet", "shards"])
+@pytest.mark.parametrize("kind", ["iid", "dirichlet", "feddyn", "moon", "shards"])
 def test_same_seed_same_partition_other_seed_differs(kind, labels):
-    first, again, other = (make_partition(kind, labels, NUM_CLASSES, NUM_CLIENTS, seed=seed) for seed in (11, 11, 12))
+    first, again, other = (make_partition(kind, labels, NUM_CLASSES, NUM_CLIENTS, seed=seed, alpha=0.5)
+                           for seed in (11, 11, 12))
     np.testing.assert_array_equal(first.indices, again.indices)
     np.testing.assert_array_equal(first.offsets, again.offsets)
     assert not np.array_equal(first.indices, other.indices)
@@ -112,6 +125,8 @@ def test_shards_give_each_client_few_classes_and_equal_sizes(labels):
 @pytest.mark.parametrize("kind, num_clients, shards_per_client, key", [
     ("iid", 6001, 2, "data.num_clients"),
     ("dirichlet", 3001, 2, "data.num_clients"),
+    ("feddyn", 6001, 2, "data.num_clients"),
+    ("moon", 601, 2, "data.num_clients"),
     ("shards", 1000, 7, "data.shards_per_client"),
     ("shards", 10, 0, "data.shards_per_client"),
     ("iid", 0, 2, "data.num_clients"),
@@ -131,9 +146,126 @@ def test_feasibility_bounds_are_tight(labels):
     assert make_partition("shards", labels, NUM_CLASSES, 1000, seed=0, shards_per_client=6).sizes.min() == 6
 
 
-def test_dirichlet_rejects_non_positive_alpha(labels):
+@pytest.mark.parametrize("kind", ["dirichlet", "feddyn", "moon"])
+def test_dirichlet_kinds_reject_non_positive_alpha(kind, labels):
     with pytest.raises(ConfigError, match="data.alpha"):
-        make_partition("dirichlet", labels, NUM_CLASSES, NUM_CLIENTS, seed=0, alpha=0.0)
+        make_partition(kind, labels, NUM_CLASSES, NUM_CLIENTS, seed=0, alpha=0.0)
+
+
+def test_config_offers_feddyn_and_moon():
+    for kind in ("feddyn", "moon"):
+        assert load_config(None, [f"data.partition={kind}", "data.alpha=0.3"]).data.partition == kind
+
+
+def mean_largest_class_share_of_a_client(kind: str, labels: np.ndarray, alpha: float, seeds=range(3)) -> float:
+    shares = []
+    for seed in seeds:
+        histogram = class_histogram(make_partition(kind, labels, NUM_CLASSES, NUM_CLIENTS, seed, alpha=alpha),
+                                    labels, NUM_CLASSES)
+        shares.append((histogram.max(axis=1) / histogram.sum(axis=1)).mean())
+    return float(np.mean(shares))
+
+
+@pytest.mark.parametrize("kind, at_03, at_06", [("feddyn", 0.44, 0.34), ("moon", 0.51, 0.40)])
+def test_feddyn_and_moon_heterogeneity_at_the_papers_alphas(kind, at_03, at_06, cifar_labels):
+    """Measured on CIFAR-sized labels over 3 seeds (seed sd ~0.006); an IID split gives ~0.12.
+
+    feddyn sits just under E[max Dir(alpha 1_10)] (0.46 / 0.35) as exhausted classes push clients
+    to their other classes; moon is above it since a class's shares are over clients, not classes.
+    """
+    share_03, share_06 = (mean_largest_class_share_of_a_client(kind, cifar_labels, alpha) for alpha in (0.3, 0.6))
+    iid = mean_largest_class_share_of_a_client("iid", cifar_labels, 1.0)
+    assert iid < 0.14
+    assert share_03 > share_06 + 0.05 and share_06 > iid + 0.15
+    assert abs(share_03 - at_03) < 0.04 and abs(share_06 - at_06) < 0.04
+
+
+@pytest.mark.parametrize("num_samples, leftover", [(6000, 0), (6037, 37)])
+@pytest.mark.parametrize("alpha", [0.01, 0.3, 0.6])
+def test_feddyn_gives_every_client_the_same_size_and_leaves_the_rest_unused(num_samples, leftover, alpha):
+    # unequal classes (class k has ~k+1 shares) exercise exhausted classes
+    labels = np.random.default_rng(2).choice(NUM_CLASSES, size=num_samples, p=np.arange(1, 11) / 55)
+    partition = make_partition("feddyn", labels, NUM_CLASSES, NUM_CLIENTS, seed=5, alpha=alpha)
+    per_client = num_samples // NUM_CLIENTS
+    np.testing.assert_array_equal(partition.sizes, np.full(NUM_CLIENTS, per_client))
+    used = partition.indices
+    assert len(np.unique(used)) == len(used) == NUM_CLIENTS * per_client
+    assert used.min() >= 0 and used.max() < num_samples
+    assert num_samples - len(used) == leftover
+
+
+def test_feddyn_class_proportions_track_each_clients_prior(cifar_labels):
+    for seed, alpha in [(0, 0.3), (1, 0.6)]:
+        # the priors are the first draw of the partition's stream
+        priors = numpy_rng(seed, Purpose.PARTITION).dirichlet(np.full(NUM_CLASSES, alpha), size=NUM_CLIENTS)
+        partition = make_partition("feddyn", cifar_labels, NUM_CLASSES, NUM_CLIENTS, seed, alpha=alpha)
+        proportions = class_histogram(partition, cifar_labels, NUM_CLASSES) / 500
+        assert np.corrcoef(priors.ravel(), proportions.ravel())[0, 1] > 0.9
+
+
+def sequential_feddyn_law(priors: np.ndarray, class_counts: tuple, per_client: int) -> dict:
+    """Exact law of each client's class-0 count under the spec's one-sample-at-a-time loop."""
+    num_clients, num_classes = priors.shape
+
+    @functools.cache
+    def law(room: tuple, left: tuple, got: tuple) -> dict:
+        if sum(room) == 0:
+            return {got: 1.0}
+        result = collections.defaultdict(float)
+        open_clients = [i for i in range(num_clients) if room[i] > 0]
+        for client in open_clients:
+            mass = sum(priors[client][k] for k in range(num_classes) if left[k] > 0)
+            for k in range(num_classes):
+                if left[k] == 0 or priors[client][k] == 0:
+                    continue
+                step = priors[client][k] / mass / len(open_clients)
+                after = law(tuple(r - (i == client) for i, r in enumerate(room)),
+                            tuple(n - (j == k) for j, n in enumerate(left)),
+                            tuple(g + (i == client and k == 0) for i, g in enumerate(got)))
+                for outcome, probability in after.items():
+                    result[outcome] += step * probability
+        return dict(result)
+
+    return law((per_client,) * num_clients, class_counts, (0,) * num_clients)
+
+
+def test_chunked_feddyn_handouts_follow_the_sequential_loop():
+    priors = np.array([[0.9, 0.1], [0.5, 0.5], [0.2, 0.8]])
+    exact = sequential_feddyn_law(priors, (5, 5), 3)
+    rng = np.random.default_rng(0)
+    repeats = 4000
+    counts = collections.Counter()
+    for _ in range(repeats):
+        clients, classes = feddyn_handouts(priors, np.array([5, 5]), 3, rng)
+        counts[tuple(np.bincount(clients[classes == 0], minlength=3).tolist())] += 1
+    assert set(counts) <= set(exact)
+    for outcome, probability in exact.items():
+        # 4 standard errors of a frequency over 4000 draws
+        assert abs(counts[outcome] / repeats - probability) <= 4 * np.sqrt(probability * (1 - probability) / repeats)
+
+
+def test_feddyn_client_whose_prior_misses_every_class_left_takes_any_class():
+    # client 0 only wants class 0, of which there are 2 for its 3 places
+    priors = np.array([[1.0, 0.0], [0.0, 1.0]])
+    clients, classes = feddyn_handouts(priors, np.array([2, 4]), 3, np.random.default_rng(0))
+    np.testing.assert_array_equal(np.bincount(clients, minlength=2), [3, 3])
+    np.testing.assert_array_equal(np.bincount(classes, minlength=2), [2, 4])
+
+
+@pytest.mark.parametrize("alpha", [0.1, 0.3, 1.0])
+def test_moon_uses_every_sample_once_and_gives_every_client_ten(alpha, cifar_labels):
+    partition = make_partition("moon", cifar_labels, NUM_CLASSES, NUM_CLIENTS, seed=2, alpha=alpha)
+    assert_exact_cover(partition, len(cifar_labels), NUM_CLIENTS)
+    assert partition.sizes.min() >= 10
+    assert partition.sizes.max() > 500   # MOON's clients are unequal, unlike feddyn's
+
+
+@pytest.mark.parametrize("num_clients, alpha", [(600, 0.5), (100, 0.05)])
+def test_moon_without_a_split_of_ten_each_is_a_one_line_config_error(num_clients, alpha, labels):
+    with pytest.raises(ConfigError) as raised:
+        make_partition("moon", labels, NUM_CLASSES, num_clients, seed=0, alpha=alpha)
+    message = str(raised.value)
+    assert "data.num_clients" in message and "data.alpha" in message and "\n" not in message
 
 
 def test_natural_partition_is_passed_through_when_client_counts_match(labels):

@@ -1,4 +1,4 @@
-"""Splitting training-sample indices among clients: natural, iid, Dirichlet and shards."""
+"""Splitting training-sample indices among clients: natural, iid, three Dirichlet schemes and shards."""
 from dataclasses import dataclass
 import pathlib
 
@@ -7,9 +7,11 @@ import numpy as np
 from rayfed.errors import ConfigError
 from rayfed.seeding import Purpose, numpy_rng
 
-PARTITIONS = ("natural", "iid", "dirichlet", "shards")
+PARTITIONS = ("natural", "iid", "dirichlet", "feddyn", "moon", "shards")
 IID_MIN_PER_CLIENT = 1
 DIRICHLET_MIN_PER_CLIENT = 2
+MOON_MIN_PER_CLIENT = 10   # MOON's min_require_size
+MOON_MAX_ATTEMPTS = 1000
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,146 @@ def partition_dirichlet(labels: np.ndarray, num_classes: int, num_clients: int, 
     return Partition.from_lists([rng.permutation(np.array(indices, dtype=np.int64)) for indices in per_client])
 
 
+def partition_feddyn(labels: np.ndarray, num_classes: int, num_clients: int, alpha: float,
+                     rng: np.random.Generator) -> Partition:
+    """FedDyn's balanced Dirichlet split (spec fedlalr §5.2): every client gets floor(n / N) samples.
+
+    Each client i has a label prior prior_i ~ Dir(alpha 1_C). Sequentially, a uniformly random client
+    that is not yet full receives one unused sample of a class drawn from its prior, redrawn while
+    that class is exhausted. The n - N floor(n / N) leftover samples go to nobody, as in FedDyn.
+    """
+    labels = np.asarray(labels)
+    per_client = len(labels) // num_clients
+    priors = rng.dirichlet(np.full(num_classes, alpha), size=num_clients)
+    # Samples of each class are handed out in this random order.
+    class_pools = [rng.permutation(np.flatnonzero(labels == k)).astype(np.int64) for k in range(num_classes)]
+    class_left = np.array([len(pool) for pool in class_pools], dtype=np.int64)
+    clients, classes = feddyn_handouts(priors, class_left, per_client, rng)
+
+    # The r-th handout of class k is the r-th sample of that class's shuffled pool.
+    by_class = np.argsort(classes, kind="stable")
+    class_starts = np.concatenate([[0], np.cumsum(np.bincount(classes, minlength=num_classes))])
+    rank = np.empty(len(classes), dtype=np.int64)
+    rank[by_class] = np.arange(len(classes)) - class_starts[classes[by_class]]
+    flat_pools = np.concatenate([np.empty(0, dtype=np.int64), *class_pools])
+    pool_starts = np.concatenate([[0], np.cumsum([len(pool) for pool in class_pools])])
+    samples = flat_pools[pool_starts[classes] + rank]
+
+    by_client = np.argsort(clients, kind="stable")
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(clients, minlength=num_clients))]).astype(np.int64)
+    return Partition(indices=samples[by_client], offsets=offsets)
+
+
+def feddyn_handouts(priors: np.ndarray, class_counts: np.ndarray, per_client: int,
+                    rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(client, class) of each handout of FedDyn's sequential loop, in order.
+
+    Rather than one Python step per sample, steps are drawn in chunks from the state at the start of
+    the chunk, and the chunk is accepted up to and including the first step that fills a client or
+    exhausts a class. Until that step the state the pseudocode consults (which clients are full,
+    which classes are left) is the chunk's starting state, so each accepted step has exactly the
+    pseudocode's law: picking a uniform client and skipping full ones is a uniform pick among the
+    non-full, and redrawing c ~ prior_i until c is left is a draw from prior_i restricted to the
+    classes left. The discarded tail is fresh randomness, so dropping it biases nothing. Each chunk
+    ends at a client filling or a class running out, hence at most N + C chunks.
+    """
+    num_clients, num_classes = priors.shape
+    class_left = np.array(class_counts, dtype=np.int64)
+    room = np.full(num_clients, per_client, dtype=np.int64)
+    given_clients, given_classes = [], []
+    while room.sum() > 0:
+        open_clients = np.flatnonzero(room > 0)
+        weights = priors * (class_left > 0)
+        # Where a prior puts no mass on the classes left (exact zeros from Generator.dirichlet's
+        # stick-breaking at small alpha), the pseudocode would redraw forever; any class left is
+        # taken uniformly instead.
+        stuck = weights.sum(axis=1) == 0
+        weights[stuck] = class_left > 0
+        clients = open_clients[rng.integers(len(open_clients), size=int(room.sum()))]
+        classes = _categorical_rows(weights, clients, rng)
+
+        ends = [_position_of_nth(clients, room, num_clients), _position_of_nth(classes, class_left, num_classes)]
+        accepted = min(end for end in ends if end is not None) + 1
+        clients, classes = clients[:accepted], classes[:accepted]
+        room -= np.bincount(clients, minlength=num_clients)
+        class_left -= np.bincount(classes, minlength=num_classes)
+        given_clients.append(clients)
+        given_classes.append(classes)
+    return (np.concatenate([np.empty(0, dtype=np.int64), *given_clients]),
+            np.concatenate([np.empty(0, dtype=np.int64), *given_classes]))
+
+
+def _categorical_rows(weights: np.ndarray, rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One draw from Categorical(weights[r] / weights[r].sum()) for each r in rows, all in one search.
+
+    Row r's normalised CDF, shifted by r, makes one increasing array over all rows.
+    """
+    num_rows, width = weights.shape
+    cumulative = np.cumsum(weights, axis=1)
+    cumulative /= cumulative[:, -1:]
+    shifted = (cumulative + np.arange(num_rows)[:, None]).ravel()
+    found = np.searchsorted(shifted, rows + rng.random(len(rows)), side="right") - rows * width
+    # r + u can round up to r + 1 (u within 2^-53 of 1 for r >= 1); keep such a draw on a class
+    # with mass rather than spilling into the next row.
+    last_with_mass = width - 1 - np.argmax(weights[:, ::-1] > 0, axis=1)
+    return np.minimum(found, last_with_mass[rows])
+
+
+def _position_of_nth(values: np.ndarray, nth: np.ndarray, num_values: int) -> int | None:
+    """Smallest position at which some value v occurs for the nth[v]-th time (nth[v] >= 1); None if none does."""
+    counts = np.bincount(values, minlength=num_values)
+    reached = np.flatnonzero((counts >= nth) & (nth > 0))
+    if reached.size == 0:
+        return None
+    order = np.argsort(values, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    return int(order[starts[reached] + nth[reached] - 1].min())
+
+
+def partition_moon(labels: np.ndarray, num_classes: int, num_clients: int, alpha: float,
+                   rng: np.random.Generator) -> Partition | None:
+    """MOON's per-class Dirichlet split with rebalancing; None if no draw gave every client 10 samples.
+
+    For each class, p ~ Dir(alpha 1_N) is zeroed for clients already holding n / N or more samples,
+    renormalised, and the shuffled class is cut at (cumsum(p) * size).astype(int)[:-1], as MOON's
+    code does. The whole split is redrawn until every client has at least MOON_MIN_PER_CLIENT
+    samples, at most MOON_MAX_ATTEMPTS times. Every training sample goes to exactly one client.
+    """
+    labels = np.asarray(labels)
+    class_members = [np.flatnonzero(labels == k).astype(np.int64) for k in range(num_classes)]
+    for _ in range(MOON_MAX_ATTEMPTS):
+        drawn = _moon_attempt(class_members, num_clients, len(labels) / num_clients, alpha, rng)
+        if drawn is not None and drawn[2].min() >= MOON_MIN_PER_CLIENT:
+            samples, clients, sizes = drawn
+            # MOON shuffles each client's samples, which would otherwise come grouped by class.
+            order = np.lexsort((rng.random(len(samples)), clients))
+            offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+            return Partition(indices=samples[order], offsets=offsets)
+    return None
+
+
+def _moon_attempt(class_members: list[np.ndarray], num_clients: int, fair_share: float, alpha: float,
+                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """One pass of MOON's split: (samples, their clients, client sizes), or None for a degenerate draw."""
+    sizes = np.zeros(num_clients, dtype=np.int64)
+    shuffled, owners = [], []
+    for members in class_members:
+        members = rng.permutation(members)
+        shares = rng.dirichlet(np.full(num_clients, alpha)) * (sizes < fair_share)
+        # MOON divides by zero here (and cuts at NaN) when the shares of every client with room
+        # underflow to 0; such a draw is redrawn instead.
+        if not shares.sum() > 0:
+            return None
+        shares /= shares.sum()
+        cuts = (np.cumsum(shares) * len(members)).astype(np.int64)[:-1]
+        counts = np.diff(np.concatenate([[0], cuts, [len(members)]]))
+        sizes += counts
+        shuffled.append(members)
+        owners.append(np.repeat(np.arange(num_clients, dtype=np.int64), counts))
+    return (np.concatenate([np.empty(0, dtype=np.int64), *shuffled]),
+            np.concatenate([np.empty(0, dtype=np.int64), *owners]), sizes)
+
+
 def partition_shards(labels: np.ndarray, num_clients: int, shards_per_client: int,
                      rng: np.random.Generator) -> Partition:
     """McMahan et al.: label-sorted samples cut into shards, each client gets shards_per_client random ones."""
@@ -106,15 +248,29 @@ def make_partition(kind: str, labels: np.ndarray, num_classes: int, num_clients:
                               "the dataset was generated with; regenerate it with the same number")
         return natural
 
+    if kind in ("dirichlet", "feddyn", "moon") and not alpha > 0:
+        raise ConfigError(f"data.alpha={alpha} must be a positive number")
     rng = numpy_rng(seed, Purpose.PARTITION)
     if kind == "iid":
         _require_samples_per_client(num_samples, num_clients, IID_MIN_PER_CLIENT)
         return partition_iid(num_samples, num_clients, rng)
     if kind == "dirichlet":
-        if not alpha > 0:
-            raise ConfigError(f"data.alpha={alpha} must be a positive number")
         _require_samples_per_client(num_samples, num_clients, DIRICHLET_MIN_PER_CLIENT)
         return partition_dirichlet(labels, num_classes, num_clients, alpha, rng)
+    if kind == "feddyn":
+        _require_samples_per_client(num_samples, num_clients, 1)
+        return partition_feddyn(labels, num_classes, num_clients, alpha, rng)
+    if kind == "moon":
+        if num_samples < num_clients * MOON_MIN_PER_CLIENT:
+            raise ConfigError(f"data.num_clients={num_clients} is too many for {num_samples} training samples with "
+                              f"data.partition=moon (each client needs at least {MOON_MIN_PER_CLIENT}, whatever "
+                              f"data.alpha); use at most {num_samples // MOON_MIN_PER_CLIENT} clients")
+        partition = partition_moon(labels, num_classes, num_clients, alpha, rng)
+        if partition is None:
+            raise ConfigError(f"data.partition=moon found no split giving each of data.num_clients={num_clients} "
+                              f"clients at least {MOON_MIN_PER_CLIENT} samples in {MOON_MAX_ATTEMPTS} draws at "
+                              f"data.alpha={alpha}; use fewer clients or a larger data.alpha")
+        return partition
 
     if shards_per_client < 1:
         raise ConfigError(f"data.shards_per_client={shards_per_client} must be at least 1")

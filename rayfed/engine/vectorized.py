@@ -56,7 +56,12 @@ class ClientBatchTask:
         lengths = torch.tensor([r.shape[0] for r in rows], device=padded.device)
         weights = torch.arange(padded.shape[1], device=padded.device) < lengths[:, None]
         task = self.client_tasks[0]
-        return task.train_x[padded], task.train_y[padded], weights.to(task.train_x.dtype)
+        if task.augment_generator is None:
+            inputs = task.train_x[padded]
+        else:
+            # Each client augments only its own rows, from its own stream, as it would training alone.
+            inputs = pad_sequence([client.inputs(r) for client, r in zip(self.client_tasks, rows)], batch_first=True)
+        return inputs, task.train_y[padded], weights.to(task.train_x.dtype)
 
     def loss_and_grad(self, params: Tensor, batch: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         grads, losses = self.per_client_grad(params, *batch)

@@ -15,6 +15,7 @@ from torch import Tensor
 from rayfed.algorithms.base import Batch, Upload
 from rayfed.algorithms.registry import build_algorithm
 from rayfed.config import Config
+from rayfed.data.augment import random_crop_flip
 from rayfed.data.partition import Partition
 from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult, WorkerTiming
 from rayfed.engine.process_memory import peak_rss
@@ -63,7 +64,7 @@ class ClientTask:
     """One client's view of its local problem for one round (implements algorithms.base.ClientTask)."""
 
     def __init__(self, model: FlatModel, train_x: Tensor, train_y: Tensor, sample_indices: Tensor,
-                 batch_size: int, generator: torch.Generator):
+                 batch_size: int, generator: torch.Generator, augment_generator: torch.Generator | None = None):
         self.model = model
         self.train_x = train_x
         self.train_y = train_y
@@ -71,6 +72,8 @@ class ClientTask:
         self.num_samples = len(sample_indices)
         self.batch_size = min(batch_size, self.num_samples)
         self.generator = generator
+        # A stream of its own, so that turning data.augment on or off leaves the minibatches as they were.
+        self.augment_generator = augment_generator
         self.order = torch.empty(0, dtype=torch.int64)
         self.position = self.num_samples     # the first call shuffles
 
@@ -80,7 +83,13 @@ class ClientTask:
 
     def next_batch(self) -> Batch:
         rows = self.next_rows()
-        return self.train_x[rows], self.train_y[rows]
+        return self.inputs(rows), self.train_y[rows]
+
+    def inputs(self, rows: Tensor) -> Tensor:
+        """The inputs of the samples `rows`, augmented (data.augment) with draws from this client's stream."""
+        if self.augment_generator is None:
+            return self.train_x[rows]
+        return random_crop_flip(self.train_x[rows], self.augment_generator)
 
     def next_rows(self) -> Tensor:
         """Minibatches walk through a fresh shuffle of the client's samples (an epoch), then reshuffle.
@@ -169,9 +178,11 @@ class ClientWorker:
         return self.algorithm.client_train(task, tensors, None)[0]
 
     def _client_task(self, round: int, client_id: int) -> ClientTask:
+        seed = self.config.seed
+        augment = torch_generator(seed, Purpose.AUGMENT, round, client_id) if self.config.data.augment else None
         return ClientTask(self.model, self.train_x, self.train_y,
                           as_tensor(self.partition.client(client_id), self.device), self.config.train.batch_size,
-                          torch_generator(self.config.seed, Purpose.BATCHES, round, client_id))
+                          torch_generator(seed, Purpose.BATCHES, round, client_id), augment)
 
     def commit(self) -> None:
         """The last round's uploads counted: its clients' new states become theirs."""

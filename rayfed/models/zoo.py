@@ -1,4 +1,5 @@
-"""The model zoo: logreg, mlp, lenet5, vgg11 (specs/gradma.md §5.3), and cnn8 for 8x8 images."""
+"""The model zoo: logreg, mlp, lenet5, vgg11 (specs/gradma.md §5.3), convmixer (specs/fedlalr.md §5.4),
+and cnn8 for 8x8 images."""
 from __future__ import annotations
 
 import math
@@ -81,6 +82,34 @@ def vgg11(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
                          nn.Dropout(0.5), nn.Linear(128, num_classes))
 
 
+class Residual(nn.Module):
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        return self.inner(inputs) + inputs
+
+
+def convmixer(input_shape: tuple[int, ...], num_classes: int, width: int = 256, depth: int = 8,
+              kernel_size: int = 5, patch_size: int = 2) -> nn.Module:
+    """ConvMixer-256/8 with kernel 5 and patch 2, the FedLALR paper's CIFAR model (spec §5.4; the
+    width, which the paper does not state, is the reference CIFAR configuration's).
+    d = 594,186 on 3x32x32 with 10 classes."""
+    channels, height, width_px = _image_shape(input_shape)
+    if height < patch_size or width_px < patch_size:
+        raise ConfigError(f"model.name=convmixer needs images of at least {patch_size}x{patch_size}, "
+                          f"got {height}x{width_px}")
+
+    def mixer(layer: nn.Module) -> list[nn.Module]:
+        return [layer, nn.GELU(), nn.BatchNorm2d(width)]
+    layers = mixer(nn.Conv2d(channels, width, patch_size, stride=patch_size))
+    for _ in range(depth):
+        layers += [Residual(nn.Sequential(*mixer(nn.Conv2d(width, width, kernel_size, groups=width, padding="same")))),
+                   *mixer(nn.Conv2d(width, width, 1))]
+    return nn.Sequential(*layers, SpatialMean(), nn.Flatten(), nn.Linear(width, num_classes))
+
+
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
                 hidden_sizes: list[int] = (200, 100)) -> nn.Module:
     if name == "logreg":
@@ -93,7 +122,9 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
         return lenet5(input_shape, num_classes)
     if name == "vgg11":
         return vgg11(input_shape, num_classes)
-    raise ConfigError(f"model.name={name!r} is not one of: logreg, mlp, lenet5, vgg11, cnn8")
+    if name == "convmixer":
+        return convmixer(input_shape, num_classes)
+    raise ConfigError(f"model.name={name!r} is not one of: logreg, mlp, lenet5, vgg11, cnn8, convmixer")
 
 
 def _image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
