@@ -1,4 +1,7 @@
+import numpy as np
 import pytest
+
+from tests.dataset_files import write_cifar10
 
 
 def pytest_configure(config):
@@ -14,3 +17,13 @@ def ray_cluster():
     ray.init(address="local", num_cpus=4, num_gpus=0, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def cifar_lenet(tmp_path_factory):
+    """LeNet-5 (BatchNorm and dropout) on small CIFAR-10 files: dropout masks must be reproducible too."""
+    root = tmp_path_factory.mktemp("cifar")
+    write_cifar10(root, np.random.default_rng(0), num_train=160, num_test=40)
+    return ["data.dataset=cifar10", f"data.root={root}", "data.partition=iid", "data.num_clients=8",
+            "train.clients_per_round=4", "train.rounds=2", "train.local_steps=2", "train.batch_size=16",
+            "model.name=lenet5", "algorithm.name=fedproxm", "algorithm.lr_local=0.01"]

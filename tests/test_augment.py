@@ -1,7 +1,6 @@
 """data.augment: random 4-pixel-padded crops and horizontal flips, per minibatch, from each client's own stream."""
 import itertools
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,8 +11,7 @@ from rayfed.engine.worker import ClientTask
 from rayfed.errors import ConfigError
 from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, torch_generator
-from tests.dataset_files import write_cifar10
-from tests.test_engine_equivalence import assert_same_run
+from tests.test_engine_equivalence import assert_same_run, run
 
 
 def windows(image):
@@ -82,16 +80,10 @@ def test_augment_needs_image_data():
 
 
 @pytest.fixture(scope="module")
-def cifar_logreg(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cifar")
-    write_cifar10(root, np.random.default_rng(0), num_train=160, num_test=40)
-    return ["data.dataset=cifar10", f"data.root={root}", "data.partition=iid", "data.num_clients=8",
-            "train.clients_per_round=4", "train.rounds=2", "train.local_steps=3", "train.batch_size=16",
-            "model.name=logreg", "algorithm.name=fedavg", "algorithm.lr_local=0.05"]
-
-
-def run(tmp_path, overrides, name):
-    return rayfed.run(rayfed.load_config(None, overrides), run_dir=tmp_path / name, progress=False)
+def cifar_logreg(cifar_lenet):
+    """The engine tests' CIFAR files, with a model that engine.vectorize takes (no BatchNorm, no dropout)."""
+    return cifar_lenet + ["train.local_steps=3", "model.name=logreg", "algorithm.name=fedavg",
+                          "algorithm.lr_local=0.05"]
 
 
 def test_augment_off_is_the_default_run_and_on_changes_it(tmp_path, cifar_logreg):

@@ -1,27 +1,15 @@
 """The local engine and the ray engine with any number of workers give bitwise-identical runs."""
 import json
 
-import numpy as np
 import pytest
 import torch
 
 import rayfed
 from rayfed.metrics import WALL_CLOCK_KEYS
-from tests.dataset_files import write_cifar10
 
 SYNTHETIC_MLP = ["data.num_clients=30", "train.clients_per_round=7", "train.rounds=4", "train.local_steps=3",
                  "train.batch_size=16", "train.eval_every=2", "model.name=mlp", "model.hidden_sizes=[16]",
                  "data.partition=dirichlet", "data.alpha=0.5", "algorithm.name=fedavgm"]
-
-
-@pytest.fixture(scope="module")
-def cifar_lenet(tmp_path_factory):
-    """LeNet-5 (BatchNorm and dropout) on small CIFAR-10 files: dropout masks must be reproducible too."""
-    root = tmp_path_factory.mktemp("cifar")
-    write_cifar10(root, np.random.default_rng(0), num_train=160, num_test=40)
-    return ["data.dataset=cifar10", f"data.root={root}", "data.partition=iid", "data.num_clients=8",
-            "train.clients_per_round=4", "train.rounds=2", "train.local_steps=2", "train.batch_size=16",
-            "model.name=lenet5", "algorithm.name=fedproxm", "algorithm.lr_local=0.01"]
 
 
 def run(tmp_path, overrides, name):
