@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import shutil
 import sys
 import time
@@ -22,13 +21,13 @@ from rayfed.engine.loop import ServerLost, WorkerLost
 from rayfed.engine.supervisor import Supervisor, WorkersGone
 from rayfed.engine.vectorized import vectorize_blocker
 from rayfed.errors import ConfigError, RunFinished, RunStopped
-from rayfed.metrics import METRICS, ProgressBar, summarize, write_json_atomic
+from rayfed.metrics import METRICS, SUMMARY, ProgressBar, read_summary, run_status, summarize, write_json_atomic
 from rayfed.models import FlatModel, build_model
 from rayfed.systems.clients import make_client_systems
 
 
 # What a run writes into its directory; removed again when it fails before its first round.
-RUN_FILES = ("config.yaml", "partition.csv", METRICS, METRICS + ".tmp", "summary.json", CHECKPOINT,
+RUN_FILES = ("config.yaml", "partition.csv", METRICS, METRICS + ".tmp", SUMMARY, CHECKPOINT,
              CHECKPOINT + ".tmp")
 
 
@@ -128,7 +127,7 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
         "server_restarts": final["server_restarts"],
         "vectorized": config.engine.vectorize,
     }
-    write_json_atomic(run_dir / "summary.json", summary)
+    write_json_atomic(run_dir / SUMMARY, summary)
     return Result(history, summary, run_dir, final["params"], final["buffers"])
 
 
@@ -151,7 +150,7 @@ def _account_for_stop(error: BaseException, supervisor: Supervisor | None, new_f
         _remove_new_run(run_dir, created)
     elif run_dir is not None and history:
         status = error.status if isinstance(error, RunStopped) else "interrupted"
-        write_json_atomic(run_dir / "summary.json", {**summarize(history), "status": status,
+        write_json_atomic(run_dir / SUMMARY, {**summarize(history), "status": status,
                                                      "stopped_because": str(error) or type(error).__name__,
                                                      **_identity(config, started)})
     error.run_dir, error.rounds_completed = run_dir, len(history)
@@ -164,11 +163,8 @@ def _identity(config: Config, started: float) -> dict:
 
 def _rounds_finished(run_dir: Path) -> int | None:
     """The rounds of a run that ended normally, from its summary.json; None if it has not."""
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    if not isinstance(summary, dict) or summary.get("status", "finished") != "finished":
+    summary = read_summary(run_dir)
+    if summary is None or run_status(summary) != "finished":
         return None
     return summary.get("rounds_completed")
 

@@ -1,6 +1,11 @@
 """The exception types that reach the user as one line."""
 
 
+def first_line(error: BaseException) -> str:
+    """What a foreign exception says, as much as fits one line of ours."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
 class ConfigError(ValueError):
     """Bad input (config key, value, file): reported as one line, exit code 2, before any work."""
 

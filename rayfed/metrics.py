@@ -12,6 +12,7 @@ from typing import Any
 from tqdm import tqdm
 
 METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
 # Keys that measure the machine, not the maths: they differ between identical runs.
 WALL_CLOCK_KEYS = ("wall_time_s", "phase_s")
 
@@ -28,10 +29,6 @@ def strict_json(value: Any) -> Any:
     return value
 
 
-def metrics_line(metrics: dict) -> bytes:
-    return (json.dumps(strict_json(metrics), allow_nan=False) + "\n").encode()
-
-
 class MetricsLog:
     """Appends one JSON object per round to metrics.jsonl, flushed so a crash keeps what was done.
     It keeps the SHA-256 of the lines written so far, which a checkpoint records so that a resume
@@ -42,11 +39,14 @@ class MetricsLog:
         self.digest = hashlib.sha256(path.read_bytes() if path.exists() else b"")
         self.file = open(path, "ab")
 
-    def append(self, metrics: dict) -> None:
-        line = metrics_line(metrics)
+    def append(self, metrics: dict) -> dict:
+        """Writes the round's record and returns it as written (NaN and infinities as None)."""
+        record = strict_json(metrics)
+        line = (json.dumps(record, allow_nan=False) + "\n").encode()
         self.file.write(line)
         self.file.flush()
         self.digest.update(line)
+        return record
 
     def sha256(self) -> str:
         return self.digest.hexdigest()
@@ -58,10 +58,11 @@ class MetricsLog:
     def rewrite(self, lines: list[bytes]) -> None:
         """Keeps only `lines` (rounds after a checkpoint are about to run again), atomically."""
         self.file.close()
+        kept = b"".join(lines)
         temporary = self.path.with_name(self.path.name + ".tmp")
-        temporary.write_bytes(b"".join(lines))
+        temporary.write_bytes(kept)
         os.replace(temporary, self.path)
-        self.digest = hashlib.sha256(b"".join(lines))
+        self.digest = hashlib.sha256(kept)
         self.file = open(self.path, "ab")
 
     def close(self) -> None:
@@ -72,6 +73,20 @@ def write_json_atomic(path: Path, payload: dict) -> None:
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_text(json.dumps(strict_json(payload), indent=2, allow_nan=False) + "\n")
     os.replace(temporary, path)
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    """A run's summary.json; None where it has none, or one that cannot be read."""
+    try:
+        summary = json.loads((run_dir / SUMMARY).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
+def run_status(summary: dict) -> str:
+    """How the run ended; summaries written before runs recorded it are of finished runs."""
+    return str(summary.get("status", "finished"))
 
 
 def summarize(history: list[dict]) -> dict:

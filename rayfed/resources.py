@@ -13,7 +13,7 @@ import torch
 from rayfed.data.datasets import (DIGITS_CLASSES, DIGITS_IMAGE_SHAPE, DIGITS_SAMPLES, RANDOM_CLASSES,
                                   RANDOM_IMAGE_SHAPE, RANDOM_TEST_SIZE, RANDOM_TRAIN_SIZE, SYNTHETIC_CLASSES,
                                   SYNTHETIC_DIMENSION)
-from rayfed.errors import ConfigError
+from rayfed.errors import ConfigError, first_line
 from rayfed.models import build_model
 
 MODEL_NAMES = ("logreg", "mlp", "lenet5", "vgg11", "cnn8", "convmixer")
@@ -66,7 +66,7 @@ def input_misfit(name: str, dataset: str) -> str | None:
         with torch.no_grad():
             model(torch.zeros(2, *shape.input_shape))
     except (ConfigError, RuntimeError, ValueError) as error:
-        return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        return first_line(error)[:200]
     return None
 
 

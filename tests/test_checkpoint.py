@@ -27,7 +27,7 @@ def interrupted(tmp_path, overrides, monkeypatch, fail_at_round=5, name="interru
     def failing(self, metrics):
         if metrics["round"] == fail_at_round:
             raise KeyboardInterrupt
-        append(self, metrics)
+        return append(self, metrics)
 
     monkeypatch.setattr(MetricsLog, "append", failing)
     with pytest.raises(KeyboardInterrupt):

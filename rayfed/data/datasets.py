@@ -14,7 +14,7 @@ import numpy as np
 
 from rayfed.data.cifar_pickle import load_cifar_pickle, unwrap
 from rayfed.data.partition import Partition
-from rayfed.errors import ConfigError
+from rayfed.errors import ConfigError, first_line
 from rayfed.seeding import Purpose, numpy_rng
 
 DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100", "cifar10_random", "digits")
@@ -181,7 +181,7 @@ def _download(name: str, source: _ImageSource, root: str, missing: list[pathlib.
         for train in (True, False):
             dataset_class(root, train=train, download=True)
     except Exception as exc:  # any failure (network, disk, bad archive) means the same to the user
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        reason = first_line(exc)[:200]
         raise ConfigError(f"could not download {name} into {root} ({reason}); put the official files at "
                           f"{', '.join(str(path) for path in missing)} or check the network") from exc
 

@@ -24,7 +24,7 @@ from rayfed.engine.loop import ServerLost, WorkerLost
 from rayfed.engine.process_memory import peak_rss
 from rayfed.engine.server import Server
 from rayfed.engine.worker import ClientWorker
-from rayfed.errors import ConfigError
+from rayfed.errors import ConfigError, first_line
 from rayfed.faults import SERVER, Fault, enact
 from rayfed.systems.clients import ClientSystems
 
@@ -271,7 +271,7 @@ def connect_ray(address: str | None, cpus_needed: float, timeout_s: float) -> bo
             try:
                 ray.init(address=address, **quiet)
             except (ConnectionError, ValueError, RuntimeError) as error:
-                raise ConfigError(f"{key}={address}: cannot join the Ray cluster ({_first_line(error)})") from None
+                raise ConfigError(f"{key}={address}: cannot join the Ray cluster ({first_line(error)})") from None
             return True
         # A private instance sized so that all workers fit even when they oversubscribe the cores.
         num_cpus = max(os.cpu_count() or 1, int(cpus_needed + 0.999))
@@ -289,7 +289,7 @@ def _probe(key: str, address: str, timeout_s: float) -> None:
         target = address.partition("://")[2] if "://" in address else services.canonicalize_bootstrap_address(
             address)
     except (ConnectionError, ValueError) as error:
-        raise ConfigError(f"{key}={address}: {_first_line(error)}") from None
+        raise ConfigError(f"{key}={address}: {first_line(error)}") from None
     host, _, port = (target or "").rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"{key}={address}: a Ray address is HOST:PORT (or ray://HOST:PORT, auto)")
@@ -300,10 +300,6 @@ def _probe(key: str, address: str, timeout_s: float) -> None:
         raise ConfigError(f"{key}={address}: no Ray cluster answers at {host}:{port} within "
                           f"engine.connect_timeout_s={timeout_s:g} s ({reason}); start one with "
                           f"`ray start --head`, or fix the address") from None
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _check_resources(config: Config) -> None:

@@ -23,7 +23,7 @@ from rayfed.engine.loop import Engine, ServerLost, WorkerLost, enact_due, play_r
 from rayfed.engine.worker import client_owner
 from rayfed.errors import RunStopped
 from rayfed.faults import SERVER, FaultSchedule
-from rayfed.metrics import METRICS, MetricsLog, ProgressBar, strict_json
+from rayfed.metrics import METRICS, MetricsLog, ProgressBar
 from rayfed.tensorboard_log import TensorBoardLog
 
 
@@ -91,8 +91,7 @@ class Supervisor:
         if self.revived_between_rounds:
             metrics["client_states_after_restart"] = "; ".join(self.revived_between_rounds)
             self.revived_between_rounds = []
-        self.history.append(strict_json(metrics))      # as metrics.jsonl and resumed rounds hold it
-        self.log.append(metrics)
+        self.history.append(self.log.append(metrics))      # as metrics.jsonl and resumed rounds hold it
         if self.tensorboard is not None:
             self.tensorboard.append(metrics)
         self.progress.update(metrics)

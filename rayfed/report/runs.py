@@ -11,6 +11,7 @@ import numpy as np
 import yaml
 
 from rayfed.errors import ConfigError
+from rayfed.metrics import METRICS, SUMMARY, read_summary, run_status
 
 
 @dataclass
@@ -33,7 +34,7 @@ class Run:
     def status(self) -> str:
         if self.summary is None:
             return "incomplete"
-        return str(self.summary.get("status", "finished"))
+        return run_status(self.summary)
 
     @property
     def wall_time_s(self) -> float:
@@ -57,7 +58,7 @@ def find_run_dirs(dirs: list[str]) -> list[Path]:
         if not top.is_dir():
             raise ConfigError(f"{name!r} is not a directory")
         for parent, children, files in os.walk(top):
-            if "config.yaml" in files and ("metrics.jsonl" in files or "summary.json" in files):
+            if "config.yaml" in files and (METRICS in files or SUMMARY in files):
                 found.add(Path(parent))
                 children.clear()    # a run directory's subfolders (TensorBoard events) hold no runs
             children.sort()
@@ -87,7 +88,7 @@ def flatten(config: dict, prefix: str = "") -> dict:
 
 
 def read_run(path: Path, config: dict) -> Run | Unusable:
-    metrics_path = path / "metrics.jsonl"
+    metrics_path = path / METRICS
     if not metrics_path.is_file():
         return Unusable(path, "no metrics.jsonl")
     try:
@@ -106,7 +107,7 @@ def read_run(path: Path, config: dict) -> Run | Unusable:
     if not evaluated:
         return Unusable(path, "metrics.jsonl has no test_accuracy")
     return Run(
-        path=path, config=config, summary=_read_summary(path),
+        path=path, config=config, summary=read_summary(path),
         rounds=np.array([record["round"] for record in records]),
         train_loss=_column(records, "train_loss"),
         virtual_time_s=_column(records, "virtual_time_s"),
@@ -133,11 +134,3 @@ def _column(records: list[dict], key: str) -> np.ndarray:
     """Null (an undefined value) and a missing key both read as NaN."""
     values = [record.get(key) for record in records]
     return np.array([float(v) if isinstance(v, (int, float)) else math.nan for v in values])
-
-
-def _read_summary(path: Path) -> dict | None:
-    try:
-        summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    return summary if isinstance(summary, dict) else None

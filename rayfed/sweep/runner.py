@@ -10,7 +10,6 @@ never oversubscribe the cluster.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -24,6 +23,8 @@ import rayfed
 from rayfed.checkpoint import has_checkpoint
 from rayfed.config import Config, load_config
 from rayfed.engine.ray import connect_ray
+from rayfed.errors import first_line
+from rayfed.metrics import read_summary, run_status
 from rayfed.sweep.spec import Sweep, Trial
 
 # The trial's driver and the server actor mostly wait: a sliver of a CPU each.
@@ -47,10 +48,8 @@ def trial_bundles(config: Config) -> list[dict[str, float]]:
 
 def trial_status(run_dir: Path) -> str | None:
     """The status summary.json gives the trial's run, or None when it has none."""
-    try:
-        return json.loads((run_dir / "summary.json").read_text()).get("status", "finished")
-    except (OSError, ValueError, AttributeError):
-        return None
+    summary = read_summary(run_dir)
+    return None if summary is None else run_status(summary)
 
 
 def run_trial(tune_config: dict) -> None:
@@ -70,10 +69,10 @@ def run_trial(tune_config: dict) -> None:
                 rayfed.run(load_config(spec["base"], spec["overrides"]), run_dir=run_dir, progress=False)
         (run_dir.parent / f"{run_dir.name}.failed").unlink(missing_ok=True)
     except BaseException as error:
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        reason = first_line(error)
         (run_dir.parent / f"{run_dir.name}.failed").write_text(f"{type(error).__name__}: {reason}\n")
         raise
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = read_summary(run_dir)
     tune.report({key: _finite(summary.get(key)) for key in ("best_test_accuracy", "final_test_accuracy",
                                                                  "rounds_completed")})
 

@@ -2,12 +2,12 @@
 the hyper-parameter setting whose mean over seeds of a metric is best."""
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from rayfed.config import all_keys
 from rayfed.errors import ConfigError
+from rayfed.metrics import read_summary, run_status
 from rayfed.sweep.spec import Sweep
 
 
@@ -25,8 +25,8 @@ def select(sweep: Sweep, trials_dir: Path, metric: str, group_keys: list[str]) -
     setting_keys = [key for key in sweep.grid if key != "seed" and key not in group_keys]
     values: dict[tuple, dict[tuple, list[float]]] = {}
     for trial in sweep.trials:
-        summary = _summary(trials_dir / trial.name)
-        if summary is None or summary.get("status", "finished") != "finished":
+        summary = read_summary(trials_dir / trial.name)
+        if summary is None or run_status(summary) != "finished":
             continue
         metric_value = summary.get(metric)
         if not isinstance(metric_value, (int, float)) or not math.isfinite(metric_value):
@@ -55,14 +55,6 @@ def selection_markdown(rows: list[dict], metric: str) -> str:
                  f"{row[f'mean_{metric}']:.4f}", str(row["seeds"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def _summary(run_dir: Path) -> dict | None:
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return summary if isinstance(summary, dict) else None
 
 
 def _dotted(config: dict, key: str):
