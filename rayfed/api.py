@@ -2,15 +2,16 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import shutil
 import sys
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from torch import Tensor
 
+from rayfed.algorithms.local_training import LocalSchedule
 from rayfed.algorithms.registry import build_algorithm
 from rayfed.checkpoint import CHECKPOINT, Checkpoint, check_belongs_to, lines_before, read_checkpoint
 from rayfed.config import Config, check_path, load_config, resolve
@@ -31,7 +32,7 @@ RUN_FILES = ("config.yaml", "partition.csv", METRICS, METRICS + ".tmp", SUMMARY,
              CHECKPOINT + ".tmp")
 
 
-@dataclass
+@dataclasses.dataclass
 class Result:
     history: list[dict]     # one dict per round, as in metrics.jsonl
     summary: dict           # as in summary.json
@@ -75,7 +76,9 @@ def load_data(config: Config) -> tuple[Dataset, Partition]:
     data = config.data
     dataset = load_dataset(data.dataset, root=data.root, download=data.download, seed=config.seed,
                            num_clients=data.num_clients, synthetic_alpha=data.synthetic_alpha,
-                           synthetic_beta=data.synthetic_beta, synthetic_max_samples=data.synthetic_max_samples)
+                           synthetic_beta=data.synthetic_beta, synthetic_max_samples=data.synthetic_max_samples,
+                           partition=data.partition, shakespeare_train_samples=data.shakespeare_train_samples,
+                           shakespeare_test_samples=data.shakespeare_test_samples)
     partition = make_partition(data.partition, dataset.train_y, dataset.num_classes, data.num_clients,
                                config.seed, alpha=data.alpha, shards_per_client=data.shards_per_client,
                                natural=dataset.natural_partition)
@@ -87,6 +90,7 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
     client_systems = make_client_systems(config)
     data_started = time.perf_counter()
     dataset, partition = load_data(config)
+    client_systems = dataclasses.replace(client_systems, client_sizes=partition.sizes)
     data_time_s = time.perf_counter() - data_started
     config = _without_unsupported_vectorize(config, dataset)
     engine = make_engine(config, dataset, partition, client_systems)
@@ -174,8 +178,9 @@ def _without_unsupported_vectorize(config: Config, dataset) -> Config:
     if not config.engine.vectorize:
         return config
     model = build_model(config.model.name, dataset.input_shape, dataset.num_classes, config.model.hidden_sizes)
-    algorithm = build_algorithm(config.algorithm, config.train.local_steps, FlatModel(model).blocks)
-    reason = vectorize_blocker(config.algorithm.name, algorithm, model)
+    algorithm = build_algorithm(config.algorithm, FlatModel(model).blocks)
+    reason = vectorize_blocker(config.algorithm.name, algorithm, model,
+                               LocalSchedule.from_config(config.train).steps_differ_between_clients)
     if reason is None:
         return config
     print(f"rayfed: engine.vectorize: {reason}; training clients one after another", file=sys.stderr)

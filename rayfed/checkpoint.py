@@ -24,9 +24,13 @@ import torch
 
 from rayfed.algorithms.base import Upload
 from rayfed.algorithms.fedavg import FedAvgMState
+from rayfed.algorithms.fedlalr import FedLALRState
+from rayfed.algorithms.fedopt import FedOptState
 from rayfed.algorithms.gradma import GradMAClientState, GradMAServerState
+from rayfed.algorithms.lafedopt import LaFedOPTState
 from rayfed.algorithms.memory import GradientMemory
 from rayfed.algorithms.mifa import MIFAClientState, MIFAServerState
+from rayfed.algorithms.server_optimizer import ServerOptimizerState
 from rayfed.config import Config
 from rayfed.engine.messages import ClientResult
 from rayfed.errors import ConfigError
@@ -37,7 +41,8 @@ CHECKPOINT = "checkpoint.pt"
 MAGIC = b"rayfed checkpoint, format 1\n"
 # The classes a checkpoint body may hold besides tensors and plain containers.
 STATE_CLASSES = [FedAvgMState, MIFAServerState, MIFAClientState, GradMAServerState, GradMAClientState,
-                 GradientMemory, AsyncBuffer, InFlight, ClientResult, Upload]
+                 GradientMemory, FedLALRState, FedOptState, ServerOptimizerState, LaFedOPTState, AsyncBuffer,
+                 InFlight, ClientResult, Upload]
 HEADER_FIELDS = {"rounds_completed": int, "algorithm": str, "model": str, "config_sha256": str,
                  "metrics_sha256": str}
 

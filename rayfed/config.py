@@ -28,13 +28,22 @@ from rayfed.systems.availability import AVAILABILITIES
 MODELS = ("auto", *MODEL_NAMES)
 # The papers' model for each dataset: FedProx used logistic regression on Synthetic.
 AUTO_MODELS = {"synthetic": "logreg", "mnist": "mlp", "fashion_mnist": "mlp", "cifar10": "lenet5", "cifar100": "vgg11",
-               "cifar10_random": "lenet5", "digits": "mlp"}
+               "cifar10_random": "lenet5", "digits": "mlp", "shakespeare": "char_lstm"}
+# Datasets whose clients the data itself defines: FedProx's generated ones, Shakespeare's speaking roles.
+NATURAL_DATASETS = ("synthetic", "shakespeare")
 BACKENDS = ("local", "ray")
 ROUND_POLICIES = ("sync", "deadline", "overcommit", "async_buffered")
 STALENESS_WEIGHTS = ("none", "sqrt")
 # Staleness weights scale uploads, which is only meaningful where an upload is a model update.
 STALENESS_WEIGHTED_ALGORITHMS = ("fedavg", "fedavgm", "fedprox", "fedproxm")
 AGG_WEIGHTINGS = ("uniform", "num_samples")
+WEIGHT_DECAY_MODES = ("coupled", "decoupled")
+INTERVALS = ("fixed", "adaptive")
+INTERVAL_ROUNDINGS = ("floor", "ceil")
+INTERVAL_UNITS = ("epochs", "steps")
+# The adaptive interval's defaults: the paper's (k_init, k_alpha) = (4, 2) setting (specs/fedlalr.md §3.3).
+INTERVAL_DEFAULTS = {"interval_k_init": 4, "interval_k_alpha": 2.0, "interval_rounding": "floor",
+                     "interval_unit": "epochs"}
 
 # Bounds far above any real run, so that a typo fails here instead of exhausting memory or
 # overflowing later: counts of clients, rounds, steps and samples...
@@ -151,7 +160,7 @@ class DataConfig(_Section):
     root: _Path = "./data"
     download: _Flag = False
     num_clients: _count(gt=0) = 100
-    # "auto": the dataset's own client split for synthetic, dirichlet otherwise.
+    # "auto": the dataset's own client split for synthetic and shakespeare, dirichlet otherwise.
     partition: Literal[("auto", *PARTITIONS)] = "auto"
     alpha: _number(gt=0.0, le=MAX_COEFFICIENT) = 0.1
     shards_per_client: _count(gt=0) = 2
@@ -159,6 +168,9 @@ class DataConfig(_Section):
     synthetic_beta: _number(ge=0.0, le=MAX_SYNTHETIC_SPREAD) = 1.0
     # A client needs a training and a test sample.
     synthetic_max_samples: _count(ge=2) = 1000
+    # Each Shakespeare client's crop of its role's (or, with iid, the pool's) samples: FedDyn's sizes.
+    shakespeare_train_samples: _count(gt=0) = 2000
+    shakespeare_test_samples: _count(gt=0) = 400
     # Random 4-pixel-padded crops and horizontal flips of training images (rayfed.data.augment).
     augment: _Flag = False
 
@@ -183,6 +195,13 @@ class AlgorithmConfig(_Section):
     qp_scope: Optional[_Text] = None
     qp_margin_local: Optional[_number(le=None)] = None
     qp_margin_global: Optional[_number(le=None)] = None
+    eps: Optional[_number(le=None)] = None
+    tau: Optional[_number(le=None)] = None
+    eps_mode: Optional[_Text] = None
+    bias_correction: Optional[_Flag] = None
+    restart_momentum: Optional[_Flag] = None
+    vhat_agg: Optional[_Text] = None
+    correction: Optional[_Text] = None
     agg_weighting: Literal[AGG_WEIGHTINGS] = "uniform"
 
 
@@ -190,7 +209,20 @@ class TrainConfig(_Section):
     rounds: _count(gt=0) = 1000
     clients_per_round: _count(gt=0) = 10
     local_steps: _count(gt=0) = 5
+    # K_i = local_epochs * ceil(n_i / batch_size) steps instead of local_steps (specs/fedlalr.md §2.5).
+    local_epochs: Optional[_count(gt=0)] = None
     batch_size: _count(gt=0) = 64
+    # Client learning rate of round t: lr_local * lr_decay^t, for every algorithm (§5.5).
+    lr_decay: _number(gt=0.0, le=1.0) = 1.0
+    weight_decay: _number(ge=0.0, le=MAX_COEFFICIENT) = 0.0
+    weight_decay_mode: Literal[WEIGHT_DECAY_MODES] = "coupled"
+    max_grad_norm: Optional[_number(gt=0.0, le=MAX_COEFFICIENT)] = None
+    # adaptive: K_t = interval_k_init + ROUND(log_{interval_k_alpha}(t)), t = 1, 2, ... (§3.3).
+    interval: Literal[INTERVALS] = "fixed"
+    interval_k_init: Optional[_count(gt=0)] = None
+    interval_k_alpha: Optional[_number(gt=1.0, le=MAX_COEFFICIENT)] = None
+    interval_rounding: Optional[Literal[INTERVAL_ROUNDINGS]] = None
+    interval_unit: Optional[Literal[INTERVAL_UNITS]] = None
     eval_every: _count(gt=0) = 10
     round_policy: Literal[ROUND_POLICIES] = "sync"
     deadline_s: Optional[_number(gt=0.0)] = None
@@ -290,10 +322,13 @@ def resolve(config: Config) -> Config:
     config = _validated(config.to_dict())
     _check_combinations(config)
     if config.data.partition == "auto":
-        config.data.partition = "natural" if config.data.dataset == "synthetic" else "dirichlet"
-    if config.data.partition == "natural" and config.data.dataset != "synthetic":
-        raise ConfigError("data.partition=natural is only available for data.dataset=synthetic; "
+        config.data.partition = "natural" if config.data.dataset in NATURAL_DATASETS else "dirichlet"
+    if config.data.partition == "natural" and config.data.dataset not in NATURAL_DATASETS:
+        raise ConfigError("data.partition=natural is only available for data.dataset=synthetic or shakespeare; "
                           "use iid, dirichlet or shards")
+    if config.data.dataset == "shakespeare" and config.data.partition not in ("natural", "iid"):
+        raise ConfigError(f"data.partition={config.data.partition} does not apply to data.dataset=shakespeare, "
+                          f"whose clients are speaking roles (natural) or crops of their pooled samples (iid)")
     if config.engine.backend == "local":
         # The local engine is one in-process worker; recording another count would mislead.
         config.engine.num_workers = 1
@@ -327,6 +362,7 @@ def _check_combinations(config: Config) -> None:
     if deadline is not None and train.round_policy != "deadline":
         raise ConfigError(f"train.deadline_s is only used with train.round_policy=deadline, not {train.round_policy}")
     _resolve_async(config)
+    _resolve_interval(train)
     if (engine.round_timeout_s is not None or engine.fault_injection) and engine.backend != "ray":
         raise ConfigError("engine.round_timeout_s and engine.fault_injection need engine.backend=ray")
     for entry in engine.fault_injection:
@@ -337,6 +373,20 @@ def _check_combinations(config: Config) -> None:
     if engine.num_workers > data.num_clients:
         raise ConfigError(f"engine.num_workers={engine.num_workers} exceeds "
                           f"data.num_clients={data.num_clients}; a worker hosts at least one client")
+
+
+def _resolve_interval(train: TrainConfig) -> None:
+    if train.interval == "fixed":
+        for key in INTERVAL_DEFAULTS:
+            if getattr(train, key) is not None:
+                raise ConfigError(f"train.{key} is only used with train.interval=adaptive")
+        return
+    if train.local_epochs is not None:
+        raise ConfigError("train.local_epochs does not apply with train.interval=adaptive, whose "
+                          "interval_k_init + log_{interval_k_alpha}(t) counts the local work (in train.interval_unit)")
+    for key, default in INTERVAL_DEFAULTS.items():
+        if getattr(train, key) is None:
+            setattr(train, key, default)
 
 
 def _resolve_async(config: Config) -> None:

@@ -13,10 +13,11 @@ import torch
 from rayfed.data.datasets import (DIGITS_CLASSES, DIGITS_IMAGE_SHAPE, DIGITS_SAMPLES, RANDOM_CLASSES,
                                   RANDOM_IMAGE_SHAPE, RANDOM_TEST_SIZE, RANDOM_TRAIN_SIZE, SYNTHETIC_CLASSES,
                                   SYNTHETIC_DIMENSION)
+from rayfed.data.shakespeare import NUM_CHARACTERS, SEQUENCE_LENGTH
 from rayfed.errors import ConfigError, first_line
 from rayfed.models import build_model
 
-MODEL_NAMES = ("logreg", "mlp", "lenet5", "vgg11", "cnn8", "convmixer")
+MODEL_NAMES = ("logreg", "mlp", "lenet5", "vgg11", "cnn8", "convmixer", "char_lstm")
 FLOAT32_BYTES = 4
 FLOAT64_BYTES = 8
 LABEL_BYTES = 8
@@ -31,7 +32,8 @@ MAX_MARKOV_PERIODS_PER_ROUND = 1000
 class DatasetShape(NamedTuple):
     input_shape: tuple[int, ...]
     num_classes: int
-    num_samples: int | None      # train + test; None for synthetic, whose size follows the config
+    num_samples: int | None      # train + test; None for synthetic and shakespeare, whose sizes follow the config
+    input_dtype: torch.dtype = torch.float32
 
 
 DATASET_SHAPES = {
@@ -42,6 +44,7 @@ DATASET_SHAPES = {
     "cifar100": DatasetShape((3, 32, 32), 100, 60_000),
     "cifar10_random": DatasetShape(RANDOM_IMAGE_SHAPE, RANDOM_CLASSES, RANDOM_TRAIN_SIZE + RANDOM_TEST_SIZE),
     "digits": DatasetShape(DIGITS_IMAGE_SHAPE, DIGITS_CLASSES, DIGITS_SAMPLES),
+    "shakespeare": DatasetShape((SEQUENCE_LENGTH,), NUM_CHARACTERS, None, torch.int64),
 }
 
 
@@ -64,7 +67,7 @@ def input_misfit(name: str, dataset: str) -> str | None:
     try:
         model = meta_model(name, dataset, (1,)).to_empty(device="cpu").eval()
         with torch.no_grad():
-            model(torch.zeros(2, *shape.input_shape))
+            model(torch.zeros(2, *shape.input_shape, dtype=shape.input_dtype))
     except (ConfigError, RuntimeError, ValueError) as error:
         return first_line(error)[:200]
     return None
@@ -81,14 +84,20 @@ def check_model(config) -> torch.nn.Module:
     problem = input_misfit(name, dataset)
     if problem:
         fitting = [other for other in MODEL_NAMES if not input_misfit(other, dataset)]
-        raise ConfigError(f"model.name={name} does not fit data.dataset={dataset} (inputs of shape "
-                          f"{DATASET_SHAPES[dataset].input_shape}): {problem}; use one of: {', '.join(fitting)}")
+        raise ConfigError(f"model.name={name} does not fit data.dataset={dataset} "
+                          f"({_inputs(DATASET_SHAPES[dataset])}): {problem}; use one of: {', '.join(fitting)}")
     model = meta_model(name, dataset, tuple(config.model.hidden_sizes))
     if config.train.batch_size == 1 and any(isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
                                             for module in model.modules()):
         raise ConfigError(f"train.batch_size=1: model.name={name} has BatchNorm, which cannot train on "
                           f"batches of one sample; use train.batch_size >= 2 or model.name=logreg")
     return model
+
+
+def _inputs(shape: DatasetShape) -> str:
+    if shape.input_dtype.is_floating_point:
+        return f"inputs of shape {shape.input_shape}"
+    return f"{str(shape.input_dtype).removeprefix('torch.')} token inputs of shape {shape.input_shape}"
 
 
 def check_availability_walk(config, model: torch.nn.Module) -> None:
@@ -119,8 +128,7 @@ def estimate_memory(config, model: torch.nn.Module) -> dict[str, int]:
     live on other machines, so only the driver's copy of the data counts against this one."""
     data = config.data
     shape = DATASET_SHAPES[data.dataset]
-    samples = data.num_clients * data.synthetic_max_samples if shape.num_samples is None else shape.num_samples
-    data_bytes = samples * (math.prod(shape.input_shape) * FLOAT32_BYTES + LABEL_BYTES)
+    data_bytes = _num_samples(data, shape) * (math.prod(shape.input_shape) * shape.input_dtype.itemsize + LABEL_BYTES)
     engine = config.engine
     if engine.backend == "ray" and (engine.address or os.environ.get("RAY_ADDRESS")):
         return {"data": data_bytes}
@@ -139,6 +147,14 @@ def estimate_memory(config, model: torch.nn.Module) -> dict[str, int]:
         grams = len(params) if algorithm.qp_scope == "tensor" else 1
         parts["server memory"] = memory_rows * vector_bytes + grams * memory_rows ** 2 * FLOAT64_BYTES
     return parts
+
+
+def _num_samples(data, shape: DatasetShape) -> int:
+    if shape.num_samples is not None:
+        return shape.num_samples
+    if data.dataset == "shakespeare":
+        return data.num_clients * (data.shakespeare_train_samples + data.shakespeare_test_samples)
+    return data.num_clients * data.synthetic_max_samples
 
 
 def _client_state_rows(config) -> int:

@@ -20,6 +20,7 @@ class Purpose(IntEnum):
     CLIENT_SPEEDS = 7
     AVAILABILITY = 8
     AUGMENT = 9
+    SHAKESPEARE_CLIENTS = 10
 
 
 def derive_seed(seed: int, purpose: Purpose, round: int = 0, client_id: int = 0) -> int:

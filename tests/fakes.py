@@ -5,7 +5,7 @@ import torch
 class LeastSquaresTask:
     """F_i(w; rows) = 1/2 mean_rows (a_r . w - b_r)^2 on the client's own (A, b)."""
 
-    def __init__(self, client_id: int, dim: int = 5, num_samples: int = 12, batch_size: int = 4):
+    def __init__(self, client_id: int, dim: int = 5, num_samples: int = 12, batch_size: int = 4, steps: int = 3):
         generator = torch.Generator().manual_seed(1000 + client_id)
         self.A = torch.randn(num_samples, dim, generator=generator)
         self.b = torch.randn(num_samples, generator=generator) + client_id
@@ -13,6 +13,8 @@ class LeastSquaresTask:
         self.batch_size = batch_size
         self.params = torch.zeros(dim)
         self.position = 0
+        self.steps = steps
+        self.lr_factor = 1.0
 
     def start_from(self, params):
         self.params.copy_(params)
@@ -28,25 +30,28 @@ class LeastSquaresTask:
         residual = A @ params - b
         return (0.5 * residual.pow(2).mean()).detach(), A.T @ residual / len(b)
 
+    def decay(self, params, lr):
+        pass
+
 
 DIM = 5
 NUM_CLIENTS = 6
 SCHEDULE = [[0, 3, 5], [1, 2, 3], [4, 0, 2], [5, 1, 4], [2, 3, 0], [1, 5, 4]]
 
 
-def client(client_id):
+def client(client_id, steps=3):
     """A fresh task for the client: its batch stream starts over."""
-    return LeastSquaresTask(client_id, DIM, num_samples=8 + client_id)
+    return LeastSquaresTask(client_id, DIM, num_samples=8 + client_id, steps=steps)
 
 
-def make(name, local_steps=3, param_blocks=((0, 2), (2, DIM)), **hyper):
+def make(name, param_blocks=((0, 2), (2, DIM)), **hyper):
     """The registered algorithm `name` with lr_local 0.1, lr_global 0.7 unless given, defaults otherwise."""
     from rayfed.algorithms.registry import build_algorithm, resolve_hyperparameters
     from rayfed.config import AlgorithmConfig
     config = AlgorithmConfig(name=name, lr_local=hyper.pop("lr_local", 0.1), lr_global=hyper.pop("lr_global", 0.7),
                              **hyper)
     resolve_hyperparameters(config)
-    return build_algorithm(config, local_steps=local_steps, param_blocks=list(param_blocks))
+    return build_algorithm(config, param_blocks=list(param_blocks))
 
 
 class Run:
@@ -79,3 +84,47 @@ def run_rounds(algorithm, schedule=SCHEDULE, x0=None, task_factory=client):
         run.client_models.append(models)
         run.metrics.append(metrics)
     return run
+
+
+class ScriptedTask:
+    """A float64 client whose k-th gradient of the round is `gradients[k]` wherever it is taken:
+    the losses <g_k, x> of a deterministic 'stochastic' problem (specs/fedlalr.md §7)."""
+
+    def __init__(self, gradients, num_samples=10):
+        self.gradients = [torch.as_tensor(g, dtype=torch.float64) for g in gradients]
+        self.steps = len(self.gradients)
+        self.lr_factor = 1.0
+        self.num_samples = num_samples
+        self.position = 0
+        self.params = torch.zeros_like(self.gradients[0])
+
+    def start_from(self, params):
+        self.params = params.clone()
+        return self.params
+
+    def next_batch(self):
+        self.position += 1
+        return self.position - 1
+
+    def loss_and_grad(self, params, batch):
+        return (self.gradients[batch] * params).sum().detach(), self.gradients[batch].clone()
+
+    def decay(self, params, lr):
+        pass
+
+
+class QuadraticTask(ScriptedTask):
+    """f_i(x) = 1/2 x'H_i x - b_i'x in float64, its k-th gradient H_i x - b_i + noise_k: a smooth
+    heterogeneous problem whose gradients depend on where they are taken."""
+
+    def __init__(self, client_id, dim=4, steps=3, scale=1.0, num_samples=None):
+        generator = torch.Generator().manual_seed(500 + client_id)
+        root = torch.randn(dim, dim, generator=generator, dtype=torch.float64)
+        self.H = scale * (root @ root.T / dim + torch.eye(dim, dtype=torch.float64))
+        self.b = scale * (torch.randn(dim, generator=generator, dtype=torch.float64) + client_id)
+        noise = scale * 0.3 * torch.randn(steps, dim, generator=generator, dtype=torch.float64)
+        super().__init__(list(noise), num_samples if num_samples is not None else 10 + client_id)
+
+    def loss_and_grad(self, params, batch):
+        loss = 0.5 * params @ self.H @ params - self.b @ params + self.gradients[batch] @ params
+        return loss.detach(), self.H @ params - self.b + self.gradients[batch]

@@ -166,6 +166,7 @@ def test_check_path_accepts_long_but_legal_paths():
     ("cifar10", ["logreg", "mlp", "lenet5", "vgg11", "cnn8", "convmixer"]),
     ("cifar100", ["logreg", "mlp", "lenet5", "vgg11", "cnn8", "convmixer"]),
     ("digits", ["logreg", "mlp", "cnn8", "convmixer"]),
+    ("shakespeare", ["char_lstm"]),
 ])
 def test_models_are_checked_against_the_dataset_shape(dataset, fitting):
     for model in MODELS[1:]:

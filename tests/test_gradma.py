@@ -1,4 +1,5 @@
 """GradMA-W, GradMA-S, GradMA, MIFA and MIFAM against specs/gradma.md §3.5-3.11 and the §7 checks."""
+import functools
 import math
 
 import pytest
@@ -31,8 +32,10 @@ def identity_projection(self, vector, constraints, margin, gram=None):
 def test_first_step_with_global_anchor_is_uncorrected_and_one_step_gradma_w_is_fedavg():
     """Checks 10, 11, 14: at tau = 0 a1 = a2 = g and a3 = 0, so the step is plain SGD."""
     for scope in ("model", "tensor"):
-        gradma_w = make("gradma_w", local_steps=1, anchor_mode="global", qp_scope=scope, lr_global=1.0)
-        assert_same_params(run_rounds(gradma_w), run_rounds(make("fedavg", local_steps=1, lr_global=1.0)))
+        gradma_w = make("gradma_w", anchor_mode="global", qp_scope=scope, lr_global=1.0)
+        one_step = functools.partial(client, steps=1)
+        assert_same_params(run_rounds(gradma_w, task_factory=one_step),
+                           run_rounds(make("fedavg", lr_global=1.0), task_factory=one_step))
 
 
 def test_gradma_w_with_the_qp_replaced_by_the_identity_is_fedavg(monkeypatch):
@@ -54,9 +57,9 @@ def test_upload_is_the_sum_of_corrected_steps_and_every_step_is_feasible(monkeyp
         return corrected, info
 
     monkeypatch.setattr(GradMA, "_project", recording)
-    algorithm = make("gradma_w", local_steps=4, lr_local=0.3)
+    algorithm = make("gradma_w", lr_local=0.3)
     history = GradMAClientState(last_local=torch.randn(DIM, generator=torch.Generator().manual_seed(3)))
-    upload, state = algorithm.client_train(client(2), {"params": torch.zeros(DIM)}, history)
+    upload, state = algorithm.client_train(client(2, steps=4), {"params": torch.zeros(DIM)}, history)
     assert len(corrected_steps) == 4
     assert torch.allclose(upload.tensors["update"], 0.3 * torch.stack(corrected_steps).sum(0), atol=1e-6)
     assert torch.equal(state.last_local, -upload.tensors["update"])     # xhat = x_{t,I} persisted

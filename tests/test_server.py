@@ -1,4 +1,6 @@
 """The Server's sampling, traffic accounting, BatchNorm buffer averaging and evaluation schedule."""
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -16,15 +18,16 @@ OVERRIDES = ["engine.backend=local", "data.num_clients=20", "train.clients_per_r
 def make_server(*extra):
     config = load_config(None, OVERRIDES + list(extra))
     dataset = load_dataset("synthetic", num_clients=20)
+    client_systems = dataclasses.replace(make_client_systems(config), client_sizes=np.full(20, 50))
     return config, Server(config, (dataset.test_x, dataset.test_y), dataset.input_shape, dataset.num_classes,
-                          make_client_systems(config))
+                          client_systems)
 
 
 def fake_results(server, sampled, buffers_of):
     """What the workers would send: each client's update is its id, its buffers `buffers_of(id)`."""
     d, b = server.model.num_params, server.buffers.numel()
     results = [ClientResult(cid, Upload({"update": torch.full((d,), float(cid))}, num_samples=cid + 1,
-                                        metrics={"train_loss": float(cid)}), buffers_of(cid, b))
+                                        metrics={"train_loss": float(cid), "local_steps": 5}), buffers_of(cid, b))
                for cid in sampled]
     return WorkerResult.pack(results)
 

@@ -16,9 +16,14 @@ SMALL = ["engine.backend=local", "data.num_clients=40", "train.clients_per_round
 RTOL, ATOL = 1e-5, 1e-6
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "fedavgm", "fedprox", "fedproxm", "gradma_s"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedavgm", "fedprox", "fedproxm", "gradma_s", "fedlalr",
+                                       "local_amsgrad", "fedadam", "fedams_v1", "lafedopt"])
 def test_vectorized_clients_match_sequential_training(tmp_path, algorithm):
     overrides = SMALL + [f"algorithm.name={algorithm}"] + (["algorithm.mu=0.1"] if "prox" in algorithm else [])
+    if algorithm in ("fedlalr", "local_amsgrad", "lafedopt"):
+        # the adaptive local steps with every per-client option of train.* on
+        overrides += ["algorithm.lr_local=0.002", "algorithm.eps=0.001", "train.max_grad_norm=1",
+                      "train.weight_decay=0.01", "train.weight_decay_mode=decoupled", "train.lr_decay=0.9"]
     sequential = run(tmp_path, overrides, "sequential")
     vectorized = run(tmp_path, overrides + ["engine.vectorize=true"], "vectorized")
     assert vectorized.summary["vectorized"] and not sequential.summary["vectorized"]
@@ -37,6 +42,7 @@ def test_vectorized_ray_workers_match_the_local_engine(tmp_path, ray_cluster):
 @pytest.mark.parametrize("overrides, reason", [
     (["model.name=mlp", "model.hidden_sizes=[8]"], "BatchNorm1d layers"),
     (["algorithm.name=mifa"], "algorithm mifa has no batched local step"),
+    (["train.local_epochs=1"], "local epochs give clients of different sizes different numbers of steps"),
 ])
 def test_unbatchable_runs_say_why_and_train_sequentially(tmp_path, capsys, overrides, reason):
     fallback = run(tmp_path, SMALL + overrides + ["engine.vectorize=true"], "fallback")

@@ -7,7 +7,7 @@ never sees Ray, actors, devices or files; the engines move its tensors around.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 from torch import Tensor
@@ -19,6 +19,8 @@ class ClientTask(Protocol):
     """One client's local problem, as handed to `Algorithm.client_train` by a worker."""
 
     num_samples: int
+    steps: int           # local steps this round (train.local_steps, local_epochs or the adaptive interval)
+    lr_factor: float     # the round's learning-rate decay, gamma^t (train.lr_decay)
 
     def start_from(self, params: Tensor) -> Tensor:
         """Loads `params` into the resident model and returns its flat parameter vector.
@@ -32,6 +34,10 @@ class ClientTask(Protocol):
         At the resident vector this is a training step's gradient (BatchNorm statistics update);
         anywhere else the resident model, its statistics included, is left as it was.
         The gradient is a reused buffer, valid until the next call."""
+
+    def decay(self, params: Tensor, lr: float) -> None:
+        """Decoupled weight decay before a step with learning rate `lr`, in place (a no-op unless
+        train.weight_decay_mode=decoupled)."""
 
 
 @dataclass
@@ -106,19 +112,29 @@ def weighted_average(uploads: dict[int, Upload], name: str, weighting: str) -> T
     return total
 
 
-def local_sgd(task: ClientTask, start: Tensor, steps: int, lr: float,
-              prox_mu: float = 0.0, prox_center: Tensor | None = None) -> tuple[Tensor, float | Tensor]:
-    """`steps` plain SGD steps from `start`, optionally on the FedProx objective
-    F_i(w) + mu/2 ||w - prox_center||^2. Returns the final iterate (the resident model's
-    vector, updated in place) and the mean minibatch loss over the steps. With a stack of clients
-    (a ClientBatchTask) the iterates are (clients, d) and the losses a (clients,) tensor."""
+def local_descent(task: ClientTask, start: Tensor, lr: float,
+                  direction: Callable[[Tensor, Tensor, int], Tensor]) -> tuple[Tensor, float | Tensor]:
+    """task.steps steps x <- x - lr_t * direction(g, x, k) from `start`, k = 1, 2, ..., with the
+    round's decayed rate lr_t = lr * task.lr_factor: the loop every local optimizer shares.
+    Returns the final iterate (the resident model's vector, updated in place) and the mean
+    minibatch loss over the steps. With a stack of clients (a ClientBatchTask) the iterates are
+    (clients, d) and the losses a (clients,) tensor."""
     params = task.start_from(start)
+    lr = lr * task.lr_factor
     loss_sum = 0.0
-    for _ in range(steps):
+    for step in range(1, task.steps + 1):
         loss, grad = task.loss_and_grad(params, task.next_batch())
-        if prox_mu:
-            grad = grad.add(params - prox_center, alpha=prox_mu)
-        params.sub_(grad, alpha=lr)
+        task.decay(params, lr)
+        params.sub_(direction(grad, params, step), alpha=lr)
         loss_sum = loss_sum + loss.double()
-    mean_loss = loss_sum / steps
+    mean_loss = loss_sum / task.steps
     return params, float(mean_loss) if mean_loss.ndim == 0 else mean_loss
+
+
+def local_sgd(task: ClientTask, start: Tensor, lr: float,
+              prox_mu: float = 0.0, prox_center: Tensor | None = None) -> tuple[Tensor, float | Tensor]:
+    """Plain SGD steps from `start` (local_descent), optionally on the FedProx objective
+    F_i(w) + mu/2 ||w - prox_center||^2."""
+    if not prox_mu:
+        return local_descent(task, start, lr, lambda grad, params, step: grad)
+    return local_descent(task, start, lr, lambda grad, params, step: grad.add(params - prox_center, alpha=prox_mu))

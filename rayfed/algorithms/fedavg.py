@@ -22,11 +22,10 @@ class FedAvgM(Algorithm):
     keeps_client_state = False
     vectorizable = True
 
-    def __init__(self, lr_local: float, lr_global: float, local_steps: int,
+    def __init__(self, lr_local: float, lr_global: float,
                  beta1: float = 0.0, mu: float = 0.0, agg_weighting: str = "uniform"):
         self.lr_local = lr_local
         self.lr_global = lr_global
-        self.local_steps = local_steps
         self.beta1 = beta1
         self.mu = mu
         self.agg_weighting = agg_weighting
@@ -42,7 +41,7 @@ class FedAvgM(Algorithm):
 
     def client_train(self, task: ClientTask, down: dict[str, Tensor], client_state: None) -> tuple[Upload, None]:
         global_params = down["params"]
-        local, mean_loss = local_sgd(task, global_params, self.local_steps, self.lr_local,
+        local, mean_loss = local_sgd(task, global_params, self.lr_local,
                                      prox_mu=self.mu, prox_center=global_params)
         update = global_params - local      # d^(i) = x_t - x_{t,I}^(i), descent-sign
         return Upload({"update": update}, task.num_samples, {"train_loss": mean_loss}), None

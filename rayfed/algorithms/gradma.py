@@ -32,13 +32,12 @@ class GradMAClientState:
 
 
 class GradMA(Algorithm):
-    def __init__(self, lr_local: float, lr_global: float, local_steps: int, param_blocks: list[tuple[int, int]], *,
+    def __init__(self, lr_local: float, lr_global: float, param_blocks: list[tuple[int, int]], *,
                  correct_locally: bool, memory_size: int = 0, beta1: float = 0.0, beta2: float = 0.0,
                  anchor_mode: str = "last_local", qp_scope: str = "model", qp_margin_local: float = 0.0,
                  qp_margin_global: float = 0.0, agg_weighting: str = "uniform"):
         self.lr_local = lr_local
         self.lr_global = lr_global
-        self.local_steps = local_steps
         self.param_blocks = param_blocks
         self.correct_locally = correct_locally
         self.memory_size = memory_size
@@ -75,7 +74,7 @@ class GradMA(Algorithm):
                      client_state: GradMAClientState | None) -> tuple[Upload, GradMAClientState | None]:
         global_params = down["params"]
         if not self.correct_locally:
-            local, mean_loss = local_sgd(task, global_params, self.local_steps, self.lr_local)
+            local, mean_loss = local_sgd(task, global_params, self.lr_local)
             return Upload({"update": global_params - local}, task.num_samples, {"train_loss": mean_loss}), None
         local, mean_loss, infos = self._worker_update(task, global_params, client_state)
         metrics = {"train_loss": mean_loss, **_combine([_qp_row(info, "qp_local") for info in infos], "qp_local")}
@@ -89,8 +88,9 @@ class GradMA(Algorithm):
         use_last_local = self.anchor_mode == "last_local" and client_state is not None
         previous = client_state.last_local if use_last_local else global_params      # x_{t,-1}
         current = task.start_from(global_params)                                       # x_{t,0}
+        lr = self.lr_local * task.lr_factor
         loss_sum, infos = 0.0, []
-        for _ in range(self.local_steps):
+        for _ in range(task.steps):
             batch = task.next_batch()
             loss, grad = task.loss_and_grad(current, batch)
             gradient = grad.clone()
@@ -101,8 +101,9 @@ class GradMA(Algorithm):
             corrected, info = self._project(gradient, constraints, self.qp_margin_local)
             infos.append(info)
             previous = current.clone()
-            current.sub_(corrected, alpha=self.lr_local)
-        return current, loss_sum / self.local_steps, infos
+            task.decay(current, lr)
+            current.sub_(corrected, alpha=lr)
+        return current, loss_sum / task.steps, infos
 
     def server_step(self, state: GradMAServerState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[GradMAServerState, dict]:

@@ -26,10 +26,9 @@ class MIFAClientState:
 
 
 class MIFA(Algorithm):
-    def __init__(self, lr_local: float, lr_global: float, local_steps: int, beta1: float = 0.0):
+    def __init__(self, lr_local: float, lr_global: float, beta1: float = 0.0):
         self.lr_local = lr_local
         self.lr_global = lr_global
-        self.local_steps = local_steps
         self.beta1 = beta1
 
     def server_init(self, params: Tensor, num_clients: int) -> MIFAServerState:
@@ -45,7 +44,7 @@ class MIFA(Algorithm):
     def client_train(self, task: ClientTask, down: dict[str, Tensor],
                      client_state: MIFAClientState | None) -> tuple[Upload, MIFAClientState]:
         global_params = down["params"]
-        local, mean_loss = local_sgd(task, global_params, self.local_steps, self.lr_local)
+        local, mean_loss = local_sgd(task, global_params, self.lr_local)
         latest = global_params - local                                      # g_new = x_t - y
         change = latest if client_state is None else latest - client_state.latest_update
         return (Upload({"change": change}, task.num_samples, {"train_loss": mean_loss}),

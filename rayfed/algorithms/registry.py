@@ -12,7 +12,10 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from rayfed.algorithms.base import Algorithm
 from rayfed.algorithms.fedavg import FedAvgM
+from rayfed.algorithms.fedlalr import FedLALR
+from rayfed.algorithms.fedopt import FedOpt
 from rayfed.algorithms.gradma import GradMA
+from rayfed.algorithms.lafedopt import LaFedOPT
 from rayfed.algorithms.mifa import MIFA
 from rayfed.errors import ConfigError
 
@@ -24,6 +27,7 @@ MAX_MEMORY_SIZE = 10**7
 
 _Decay = Annotated[float, Field(ge=0.0, lt=1.0)]
 _Coefficient = Annotated[float, Field(ge=0.0, le=MAX_COEFFICIENT)]
+_Positive = Annotated[float, Field(gt=0.0, le=MAX_COEFFICIENT)]
 
 # What a set per-algorithm key admits, whichever algorithm takes it. AlgorithmConfig checks the
 # type and finiteness; the ranges are here, beside the algorithms they come from.
@@ -36,6 +40,13 @@ HYPERPARAMETERS: dict[str, Any] = {
     "qp_scope": Literal["model", "tensor"],
     "qp_margin_local": _Coefficient,
     "qp_margin_global": _Coefficient,
+    "eps": _Positive,
+    "tau": _Positive,
+    "eps_mode": Literal["init", "add"],
+    "bias_correction": bool,
+    "restart_momentum": bool,
+    "vhat_agg": Literal["mean", "max"],
+    "correction": Literal["joint", "local"],
 }
 _CHECKERS = {key: TypeAdapter(declared) for key, declared in HYPERPARAMETERS.items()}
 
@@ -46,7 +57,13 @@ class AlgorithmEntry:
     defaults: dict[str, Any]                              # the algorithm's own config keys and their defaults
     fixed: dict[str, Any] = field(default_factory=dict)   # constructor arguments pinned by the name
     weighted: bool = True                                 # whether algorithm.agg_weighting applies
+    server_lr: bool = True                                # whether algorithm.lr_global applies
 
+
+# specs/fedlalr.md §5.5, CIFAR-10 column.
+_FEDLALR = {"beta1": 0.9, "beta2": 0.995, "eps": 1e-8, "eps_mode": "init", "bias_correction": False}
+_FEDADAM = {"beta1": 0.9, "beta2": 0.99, "tau": 0.01, "bias_correction": False}
+_FEDAMS = {"beta1": 0.9, "beta2": 0.99, "bias_correction": False}
 
 _QP_LOCAL = {"anchor_mode": "last_local", "qp_scope": "model", "qp_margin_local": 0.0}
 _QP_GLOBAL = {"beta1": 0.5, "beta2": 0.5, "memory_size": 100, "qp_scope": "model", "qp_margin_global": 0.0}
@@ -62,6 +79,14 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
     "gradma_w": AlgorithmEntry(GradMA, _QP_LOCAL, {"correct_locally": True, "memory_size": 0, "beta1": 0.0}),
     "gradma_s": AlgorithmEntry(GradMA, _QP_GLOBAL, {"correct_locally": False}),
     "gradma": AlgorithmEntry(GradMA, {**_QP_GLOBAL, **_QP_LOCAL}, {"correct_locally": True}),
+    "fedlalr": AlgorithmEntry(FedLALR, {**_FEDLALR, "restart_momentum": False, "vhat_agg": "mean"}, server_lr=False),
+    "local_amsgrad": AlgorithmEntry(FedLALR, _FEDLALR, {"synchronize_moments": False}, server_lr=False),
+    "fedadam": AlgorithmEntry(FedOpt, _FEDADAM, {"server_optimizer": "adam"}),
+    "fedyogi": AlgorithmEntry(FedOpt, _FEDADAM, {"server_optimizer": "yogi"}),
+    "fedadagrad": AlgorithmEntry(FedOpt, {"beta1": 0.0, "tau": 0.01}, {"server_optimizer": "adagrad"}),
+    "fedams_v1": AlgorithmEntry(FedOpt, {**_FEDAMS, "eps": 1e-4}, {"server_optimizer": "ams_v1"}),
+    "fedams_v2": AlgorithmEntry(FedOpt, {**_FEDAMS, "eps": 1e-2}, {"server_optimizer": "ams_v2"}),
+    "lafedopt": AlgorithmEntry(LaFedOPT, {"beta1": 0.8, "beta2": 0.999, "eps": 1e-4, "correction": "joint"}),
 }
 
 
@@ -69,6 +94,9 @@ def resolve_hyperparameters(algorithm_config) -> None:
     """Fills the algorithm's defaults into unset keys, in place; a key set for an algorithm
     that does not take it is an error rather than silently ignored."""
     entry = ALGORITHMS[algorithm_config.name]
+    if not entry.server_lr and algorithm_config.lr_global != 1.0:
+        raise ConfigError(f"algorithm.lr_global does not apply to {algorithm_config.name}, which has no server "
+                          f"learning rate (its clients' models, moments are averaged)")
     if not entry.weighted and algorithm_config.agg_weighting != "uniform":
         raise ConfigError(f"algorithm.agg_weighting={algorithm_config.agg_weighting} does not apply to "
                           f"{algorithm_config.name}, which averages the latest updates of all clients")
@@ -76,7 +104,8 @@ def resolve_hyperparameters(algorithm_config) -> None:
         value = getattr(algorithm_config, key)
         if key not in entry.defaults:
             if value is not None:
-                takes = ", ".join(f"algorithm.{k}" for k in (*COMMON_KEYS[1:], *entry.defaults))
+                common = [k for k in COMMON_KEYS[1:] if entry.server_lr or k != "lr_global"]
+                takes = ", ".join(f"algorithm.{k}" for k in (*common, *entry.defaults))
                 raise ConfigError(f"algorithm.{key} is not a parameter of {algorithm_config.name} (it takes {takes})")
         elif value is None:
             setattr(algorithm_config, key, entry.defaults[key])
@@ -113,7 +142,7 @@ def _number(value) -> str:
     return f"{mantissa}e{int(exponent)}" if exponent else mantissa
 
 
-def build_algorithm(algorithm_config, local_steps: int, param_blocks: list[tuple[int, int]]) -> Algorithm:
+def build_algorithm(algorithm_config, param_blocks: list[tuple[int, int]]) -> Algorithm:
     entry = ALGORITHMS[algorithm_config.name]
     arguments = {key: getattr(algorithm_config, key) for key in entry.defaults}
     arguments.update(entry.fixed)
@@ -121,5 +150,4 @@ def build_algorithm(algorithm_config, local_steps: int, param_blocks: list[tuple
         arguments["agg_weighting"] = algorithm_config.agg_weighting
     if entry.build is GradMA:
         arguments["param_blocks"] = param_blocks
-    return entry.build(lr_local=algorithm_config.lr_local, lr_global=algorithm_config.lr_global,
-                       local_steps=local_steps, **arguments)
+    return entry.build(lr_local=algorithm_config.lr_local, lr_global=algorithm_config.lr_global, **arguments)

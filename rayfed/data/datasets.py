@@ -1,5 +1,5 @@
-"""Datasets as normalised numpy arrays: readers for the official MNIST/CIFAR files and for the UCI
-digits scikit-learn ships, and FedProx's Synthetic."""
+"""Datasets as numpy arrays: readers for the official MNIST/CIFAR files, for the UCI digits
+scikit-learn ships and for LEAF's Shakespeare files (rayfed.data.shakespeare), and FedProx's Synthetic."""
 from dataclasses import dataclass
 import gzip
 import importlib.util
@@ -12,12 +12,13 @@ import zlib
 
 import numpy as np
 
+from rayfed.data import shakespeare
 from rayfed.data.cifar_pickle import load_cifar_pickle, unwrap
 from rayfed.data.partition import Partition
 from rayfed.errors import ConfigError, first_line
 from rayfed.seeding import Purpose, numpy_rng
 
-DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100", "cifar10_random", "digits")
+DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100", "cifar10_random", "digits", "shakespeare")
 
 _IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 _IDX_UBYTE = 0x08   # the IDX type code of unsigned bytes, the only type MNIST files use
@@ -83,12 +84,13 @@ class Dataset:
     test_y: np.ndarray
     num_classes: int
     input_shape: tuple[int, ...]
-    natural_partition: Partition | None = None   # synthetic only: the training rows each generated client owns
+    # synthetic: the training rows each generated client owns; shakespeare: each speaking role's crop
+    natural_partition: Partition | None = None
 
 
 def _source(name: str) -> _ImageSource | None:
     """Where under data.root the dataset's files are; None for data that is not read from there."""
-    if name in ("synthetic", "cifar10_random", "digits"):
+    if name in ("synthetic", "cifar10_random", "digits", "shakespeare"):
         return None
     if name not in _IMAGE_SOURCES:
         raise ConfigError(f"data.dataset={name!r} is not one of {', '.join(DATASETS)}")
@@ -114,10 +116,12 @@ def _existing_variant(path: pathlib.Path) -> pathlib.Path | None:
 
 
 def missing_files(name: str, root: str) -> list[pathlib.Path]:
-    """The required files that are absent. For digits, whose file is scikit-learn's and so beyond
-    data.download's reach, its absence raises the ConfigError that says how to get it instead."""
+    """The required files that are absent. For digits and shakespeare, whose files are beyond
+    data.download's reach, their absence raises the ConfigError that says how to get them instead."""
     if name == "digits":
         digits_file()
+    if name == "shakespeare":
+        shakespeare.check_files(root)
     return [path for path in required_files(name, root) if _existing_variant(path) is None]
 
 
@@ -144,11 +148,15 @@ def digits_file() -> pathlib.Path:
 
 def load_dataset(name: str, *, root: str = "./data", download: bool = False, seed: int = 0,
                  num_clients: int = 100, synthetic_alpha: float = 1.0, synthetic_beta: float = 1.0,
-                 synthetic_max_samples: int = 1000) -> Dataset:
+                 synthetic_max_samples: int = 1000, partition: str = "natural", shakespeare_train_samples: int = 2000,
+                 shakespeare_test_samples: int = 400) -> Dataset:
     if name == "cifar10_random":
         return _generate_random_images(seed)
     if name == "digits":
         return _load_digits()
+    if name == "shakespeare":
+        return _load_shakespeare(root, download, seed, num_clients, partition == "iid", shakespeare_train_samples,
+                                 shakespeare_test_samples)
     source = _source(name)
     if source is None:
         return _generate_synthetic(seed, num_clients, synthetic_alpha, synthetic_beta, synthetic_max_samples)
@@ -407,6 +415,15 @@ def _read_digits_table(path: pathlib.Path) -> np.ndarray:
         raise _bad_file(path, f"holds pixel values outside [0, {DIGITS_MAX_PIXEL}] (from {low} to {high})")
     _check_label_range(int(table[:, -1].min()), int(table[:, -1].max()), DIGITS_CLASSES, path)
     return table
+
+
+def _load_shakespeare(root: str, download: bool, seed: int, num_clients: int, iid: bool, train_samples: int,
+                      test_samples: int) -> Dataset:
+    shakespeare.check_files(root, download)
+    *arrays, natural = shakespeare.load_clients(root, seed=seed, num_clients=num_clients, iid=iid,
+                                                train_samples=train_samples, test_samples=test_samples)
+    return Dataset("shakespeare", *arrays, num_classes=shakespeare.NUM_CHARACTERS,
+                   input_shape=(shakespeare.SEQUENCE_LENGTH,), natural_partition=natural)
 
 
 def _generate_random_images(seed: int) -> Dataset:

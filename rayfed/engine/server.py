@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from rayfed.algorithms.base import RoundInfo, Upload
+from rayfed.algorithms.local_training import LocalSchedule
 from rayfed.algorithms.registry import build_algorithm
 from rayfed.config import Config
 from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult
@@ -34,7 +35,8 @@ class Server:
         torch.manual_seed(derive_seed(config.seed, Purpose.MODEL_INIT))
         self.model = FlatModel(build_model(config.model.name, input_shape, num_classes,
                                            config.model.hidden_sizes), self.device)
-        self.algorithm = build_algorithm(config.algorithm, config.train.local_steps, self.model.blocks)
+        self.algorithm = build_algorithm(config.algorithm, self.model.blocks)
+        self.schedule = LocalSchedule.from_config(config.train)
         self.state = self.algorithm.server_init(self.model.params.clone(), config.data.num_clients)
         self.buffers = self.model.buffers.clone()
         self.client_systems = client_systems
@@ -67,7 +69,9 @@ class Server:
         self.num_online = len(online)
         rng = numpy_rng(self.config.seed, Purpose.SAMPLE_CLIENTS, round)
         sampled = online[rng.choice(len(online), size=min(wanted, len(online)), replace=False)]
-        durations = self.client_systems.speeds.round_durations(sampled, train.local_steps, self._broadcast().nbytes,
+        steps = np.array([self.schedule.steps(round, int(self.client_systems.client_sizes[client]))
+                          for client in sampled], dtype=np.int64)
+        durations = self.client_systems.speeds.round_durations(sampled, steps, self._broadcast().nbytes,
                                                                self.upload_bytes)
         if self.async_buffer is not None:
             self.async_buffer.launch(sampled.tolist(), (self.virtual_time_s + durations).tolist(), version=round)
@@ -127,6 +131,8 @@ class Server:
         metrics = {
             "round": round + 1,
             "train_loss": float(np.mean([r.upload.metrics["train_loss"] for r in counted])) if counted else math.nan,
+            # K_t of the round (local epochs: the mean over clients of their own step counts)
+            "local_steps": float(np.mean([r.upload.metrics["local_steps"] for r in counted])) if counted else 0.0,
             "num_online": self.num_online,
             "num_sampled": len(self.plan.sampled),
             "num_participants": len(counted),

@@ -23,10 +23,14 @@ from rayfed.models import FlatModel
 _UNVECTORIZABLE_LAYERS = (nn.modules.batchnorm._NormBase, nn.modules.dropout._DropoutNd)
 
 
-def vectorize_blocker(algorithm_name: str, algorithm: Algorithm, module: nn.Module) -> str | None:
+def vectorize_blocker(algorithm_name: str, algorithm: Algorithm, module: nn.Module,
+                      steps_differ_between_clients: bool = False) -> str | None:
     """Why this algorithm and model cannot train clients as one batch; None when they can."""
     if not algorithm.vectorizable:
         return f"algorithm {algorithm_name} has no batched local step (its clients keep state or correct their steps)"
+    if steps_differ_between_clients:
+        return ("local epochs give clients of different sizes different numbers of steps, which one batched "
+                "computation does not take")
     layers = sorted({type(layer).__name__ for layer in module.modules() if isinstance(layer, _UNVECTORIZABLE_LAYERS)})
     if layers:
         return (f"the model has {', '.join(layers)} layers, whose per-client statistics and random streams "
@@ -61,7 +65,7 @@ class ClientBatchTask:
         else:
             # Each client augments only its own rows, from its own stream, as it would training alone.
             inputs = pad_sequence([client.inputs(r) for client, r in zip(self.client_tasks, rows)], batch_first=True)
-        return inputs, task.train_y[padded], weights.to(task.train_x.dtype)
+        return inputs, task.train_y[padded], weights.to(torch.float32)     # float even for token inputs
 
     def loss_and_grad(self, params: Tensor, batch: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         grads, losses = self.per_client_grad(params, *batch)

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from rayfed.algorithms.base import Batch, Upload
+from rayfed.algorithms.local_training import LocalSchedule, TrainingTask
 from rayfed.algorithms.registry import build_algorithm
 from rayfed.config import Config
 from rayfed.data.augment import random_crop_flip
@@ -132,7 +133,8 @@ class ClientWorker:
         torch.manual_seed(0)    # the architecture's own init is overwritten by every broadcast
         self.model = FlatModel(build_model(config.model.name, input_shape, num_classes,
                                            config.model.hidden_sizes), self.device)
-        self.algorithm = build_algorithm(config.algorithm, config.train.local_steps, self.model.blocks)
+        self.algorithm = build_algorithm(config.algorithm, self.model.blocks)
+        self.schedule = LocalSchedule.from_config(config.train)
         # Created on a client's first participation, so clients that never train cost nothing.
         self.client_states: dict[int, Any] = {}
         # States from the last train() call, kept until the driver knows whether its uploads counted:
@@ -160,11 +162,13 @@ class ClientWorker:
                              f"{client_owner(client_id, self.num_workers)}, not {self.worker_index}")
         seed_global_torch(derive_seed(self.config.seed, Purpose.DROPOUT, round, client_id), self.device)
         self.model.buffers.copy_(buffers)
-        task = self._client_task(round, client_id)
+        client_task = self._client_task(round, client_id)
+        task = self._training_task(client_task, round, client_task.num_samples)
         state = self.client_states.get(client_id)
         if state is None:
             state = self.algorithm.client_init(client_id)
         upload, state = self.algorithm.client_train(task, tensors, state)
+        upload.metrics["local_steps"] = task.steps
         if state is not None:
             self.pending_states[client_id] = state
         upload.tensors = {name: t.cpu() for name, t in upload.tensors.items()}
@@ -174,8 +178,12 @@ class ClientWorker:
         """engine.vectorize: one batched local training for all of `client_ids` (stateless
         algorithms on models without BatchNorm or dropout, checked before the run starts).
         The upload's tensors and metrics are stacked in `client_ids` order."""
-        task = ClientBatchTask(self.model, [self._client_task(round, client_id) for client_id in client_ids])
-        return self.algorithm.client_train(task, tensors, None)[0]
+        tasks = [self._client_task(round, client_id) for client_id in client_ids]
+        # Every client takes the same number of steps here: vectorize_blocker refuses local epochs.
+        task = self._training_task(ClientBatchTask(self.model, tasks), round, tasks[0].num_samples)
+        upload = self.algorithm.client_train(task, tensors, None)[0]
+        upload.metrics["local_steps"] = torch.full((len(tasks),), task.steps)
+        return upload
 
     def _client_task(self, round: int, client_id: int) -> ClientTask:
         seed = self.config.seed
@@ -183,6 +191,12 @@ class ClientWorker:
         return ClientTask(self.model, self.train_x, self.train_y,
                           as_tensor(self.partition.client(client_id), self.device), self.config.train.batch_size,
                           torch_generator(seed, Purpose.BATCHES, round, client_id), augment)
+
+    def _training_task(self, task, round: int, num_samples: int) -> TrainingTask:
+        """`task` with the round's step count, learning-rate decay, weight decay and clipping (train.*)."""
+        train = self.config.train
+        return TrainingTask(task, self.schedule.steps(round, num_samples), self.schedule.lr_factor(round),
+                            train.weight_decay, train.weight_decay_mode == "decoupled", train.max_grad_norm)
 
     def commit(self) -> None:
         """The last round's uploads counted: its clients' new states become theirs."""

@@ -1,5 +1,5 @@
 """The model zoo: logreg, mlp, lenet5, vgg11 (specs/gradma.md §5.3), convmixer (specs/fedlalr.md §5.4),
-and cnn8 for 8x8 images."""
+char_lstm (specs/fedlalr.md §5.3) and cnn8 for 8x8 images."""
 from __future__ import annotations
 
 import math
@@ -110,6 +110,31 @@ def convmixer(input_shape: tuple[int, ...], num_classes: int, width: int = 256, 
     return nn.Sequential(*layers, SpatialMean(), nn.Flatten(), nn.Linear(width, num_classes))
 
 
+class CharLSTM(nn.Module):
+    """FedDyn's Shakespeare model, which the FedLALR paper uses (spec §5.3): Embedding(vocabulary, 8),
+    a 2-layer LSTM of 100 units, and a Linear layer from its output at the last position to the next
+    character. d = 133,520 for LEAF's 80 characters."""
+
+    def __init__(self, vocabulary: int, embedding: int = 8, hidden: int = 100, layers: int = 2):
+        super().__init__()
+        self.embedding = nn.Embedding(vocabulary, embedding)
+        self.lstm = nn.LSTM(embedding, hidden, layers, batch_first=True)
+        self.head = nn.Linear(hidden, vocabulary)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        outputs, _ = self.lstm(self.embedding(tokens))
+        return self.head(outputs[:, -1])
+
+
+def char_lstm(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """Inputs are sequences of character tokens and the classes are the next character, so the
+    vocabulary is the classes."""
+    if len(input_shape) != 1:
+        raise ConfigError(f"model.name=char_lstm needs sequences of character tokens, "
+                          f"got inputs of shape {tuple(input_shape)}")
+    return CharLSTM(num_classes)
+
+
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
                 hidden_sizes: list[int] = (200, 100)) -> nn.Module:
     if name == "logreg":
@@ -124,7 +149,9 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
         return vgg11(input_shape, num_classes)
     if name == "convmixer":
         return convmixer(input_shape, num_classes)
-    raise ConfigError(f"model.name={name!r} is not one of: logreg, mlp, lenet5, vgg11, cnn8, convmixer")
+    if name == "char_lstm":
+        return char_lstm(input_shape, num_classes)
+    raise ConfigError(f"model.name={name!r} is not one of: logreg, mlp, lenet5, vgg11, cnn8, convmixer, char_lstm")
 
 
 def _image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:

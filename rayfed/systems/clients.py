@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from rayfed.systems.availability import Availability, make_availability
 from rayfed.systems.speeds import ClientSpeeds, make_speeds
 
@@ -11,6 +13,9 @@ from rayfed.systems.speeds import ClientSpeeds, make_speeds
 class ClientSystems:
     availability: Availability
     speeds: ClientSpeeds
+    # Samples per client, once the data is partitioned: local epochs make a client's compute time
+    # depend on them.
+    client_sizes: np.ndarray | None = None
 
 
 def make_client_systems(config) -> ClientSystems:

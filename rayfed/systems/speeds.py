@@ -18,8 +18,9 @@ class ClientSpeeds:
     upload_bps: np.ndarray       # bytes per second
     download_bps: np.ndarray
 
-    def round_durations(self, clients: np.ndarray, local_steps: int, down_bytes: int, up_bytes: int) -> np.ndarray:
-        """Download, then the local steps, then upload: virtual seconds for each of `clients`."""
+    def round_durations(self, clients: np.ndarray, local_steps: np.ndarray, down_bytes: int,
+                        up_bytes: int) -> np.ndarray:
+        """Download, then the local steps (one count per client), then upload: virtual seconds for each of `clients`."""
         return (down_bytes / self.download_bps[clients] + local_steps * self.step_time_s[clients]
                 + up_bytes / self.upload_bps[clients])
 

@@ -1,0 +1,97 @@
+"""FedLALR (specs/fedlalr.md §2, Algorithm 1), its variants restart momentum (§3.1, Algorithm 2)
+and max aggregation of v_hat (§3.2, Algorithm 3), and naive local AMSGrad (§4.5).
+
+Every sampled client starts from the server's (x, m, v_hat), with its plain EMA v also set to
+v_hat (Alg. 1 line 3), runs the round's local AMSGrad steps (local_adaptive.AMSGradDirection) and
+sends (x, m, v_hat) back; the server averages all three. Clients keep nothing between rounds.
+Restart momentum neither sends nor keeps m: clients restart it at 0. Naive local AMSGrad
+synchronises only x: clients restart m at 0 and v, v_hat at eps^2.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rayfed.algorithms.base import Algorithm, ClientTask, RoundInfo, Upload, local_descent, weighted_average
+from rayfed.algorithms.local_adaptive import AMSGradDirection
+
+
+@dataclass
+class FedLALRState:
+    params: Tensor              # x_t
+    momentum: Tensor | None     # m_{t-1}, zero before round 0; None when it is not synchronised
+    v_hat: Tensor | None        # v_hat_{t-1}, eps^2 before round 0 (C1); None for naive local AMSGrad
+
+
+class FedLALR(Algorithm):
+    keeps_client_state = False
+    vectorizable = True
+
+    def __init__(self, lr_local: float, lr_global: float, *, beta1: float, beta2: float, eps: float,
+                 eps_mode: str = "init", bias_correction: bool = False, restart_momentum: bool = False,
+                 vhat_agg: str = "mean", synchronize_moments: bool = True, agg_weighting: str = "uniform"):
+        self.lr_local = lr_local            # alpha; FedLALR has no server learning rate
+        self.beta1 = beta1
+        self.beta2 = beta2
+        self.eps = eps
+        self.eps_mode = eps_mode
+        self.bias_correction = bias_correction
+        self.restart_momentum = restart_momentum or not synchronize_moments
+        self.vhat_agg = vhat_agg
+        self.synchronize_moments = synchronize_moments
+        self.agg_weighting = agg_weighting
+
+    def _initial_v_hat(self, like: Tensor) -> Tensor:
+        """eps^2 (the paper), or 0 where eps is added to the denominator instead (eps_mode=add)."""
+        return torch.full_like(like, self.eps ** 2 if self.eps_mode == "init" else 0.0)
+
+    def server_init(self, params: Tensor, num_clients: int) -> FedLALRState:
+        momentum = None if self.restart_momentum else params.new_zeros(params.shape)      # m_{-1} = 0
+        v_hat = self._initial_v_hat(params) if self.synchronize_moments else None         # v_hat_{-1} = eps^2
+        return FedLALRState(params=params.clone(), momentum=momentum, v_hat=v_hat)
+
+    def broadcast(self, state: FedLALRState) -> dict[str, Tensor]:
+        """x_t, m_{t-1}, v_hat_{t-1} (Alg. 1: 3d); no m with restart momentum (Alg. 2: 2d); x only
+        for naive local AMSGrad (d). What is sent is what the traffic figures count (C23)."""
+        down = {"params": state.params}
+        if state.momentum is not None:
+            down["momentum"] = state.momentum
+        if state.v_hat is not None:
+            down["v_hat"] = state.v_hat
+        return down
+
+    def global_params(self, state: FedLALRState) -> Tensor:
+        return state.params
+
+    def client_train(self, task: ClientTask, down: dict[str, Tensor], client_state: None) -> tuple[Upload, None]:
+        params = down["params"]
+        momentum = down.get("momentum", torch.zeros_like(params))            # m_{t,0,i} = m_{t-1}, or 0
+        v_hat = down["v_hat"] if "v_hat" in down else self._initial_v_hat(params)
+        # v_{t,0,i} = v_hat_{t,0,i} = v_hat_{t-1}: the EMA v restarts from the synchronised v_hat (C7).
+        direction = AMSGradDirection(momentum, v_hat, v_hat, self.beta1, self.beta2, self.eps,
+                                     self.eps_mode, self.bias_correction)
+        local, mean_loss = local_descent(task, params, self.lr_local, direction)
+        sent = {"params": local.clone()}     # `local` is the resident model, which the next client overwrites
+        if "momentum" in down:
+            sent["momentum"] = direction.m
+        if "v_hat" in down:
+            sent["v_hat"] = direction.v_hat
+        return Upload(sent, task.num_samples, {"train_loss": mean_loss}), None
+
+    def server_step(self, state: FedLALRState, uploads: dict[int, Upload],
+                    round_info: RoundInfo) -> tuple[FedLALRState, dict]:
+        params = weighted_average(uploads, "params", self.agg_weighting)                # eq. (6)
+        momentum = weighted_average(uploads, "momentum", self.agg_weighting) if state.momentum is not None else None
+        v_hat = None
+        if state.v_hat is not None:
+            if self.vhat_agg == "max":                                                   # Alg. 3
+                v_hat = torch.stack([upload.tensors["v_hat"] for upload in uploads.values()]).amax(dim=0)
+            else:
+                v_hat = weighted_average(uploads, "v_hat", self.agg_weighting)
+        metrics = {}
+        if v_hat is not None:
+            # The range of the per-coordinate learning-rate multiplier 1/sqrt(v_hat) (Lemma 5).
+            metrics = {"v_hat_min": float(v_hat.min()), "v_hat_max": float(v_hat.max())}
+        return FedLALRState(params=params, momentum=momentum, v_hat=v_hat), metrics
