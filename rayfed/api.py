@@ -92,7 +92,7 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
     dataset, partition = load_data(config)
     client_systems = dataclasses.replace(client_systems, client_sizes=partition.sizes)
     data_time_s = time.perf_counter() - data_started
-    config = _without_unsupported_vectorize(config, dataset)
+    config = _without_unsupported_vectorize(config, dataset, partition)
     engine = make_engine(config, dataset, partition, client_systems)
     created, new_files = None, False
     bar = ProgressBar(config.train.rounds, progress, initial=len(lines))
@@ -173,14 +173,16 @@ def _rounds_finished(run_dir: Path) -> int | None:
     return summary.get("rounds_completed")
 
 
-def _without_unsupported_vectorize(config: Config, dataset) -> Config:
+def _without_unsupported_vectorize(config: Config, dataset, partition: Partition) -> Config:
     """engine.vectorize where the algorithm or model cannot batch clients: say why, train them one by one."""
     if not config.engine.vectorize:
         return config
     model = build_model(config.model.name, dataset.input_shape, dataset.num_classes, config.model.hidden_sizes)
     algorithm = build_algorithm(config.algorithm, FlatModel(model).blocks)
-    reason = vectorize_blocker(config.algorithm.name, algorithm, model,
-                               LocalSchedule.from_config(config.train).steps_differ_between_clients)
+    schedule = LocalSchedule.from_config(config.train)
+    # Step counts scale alike in every round, so round 0's tell whether they ever differ.
+    steps_differ = len({schedule.steps(0, int(size)) for size in partition.sizes}) > 1
+    reason = vectorize_blocker(config.algorithm.name, algorithm, model, steps_differ)
     if reason is None:
         return config
     print(f"rayfed: engine.vectorize: {reason}; training clients one after another", file=sys.stderr)

@@ -36,6 +36,9 @@ ROUND_POLICIES = ("sync", "deadline", "overcommit", "async_buffered")
 STALENESS_WEIGHTS = ("none", "sqrt")
 # Staleness weights scale uploads, which is only meaningful where an upload is a model update.
 STALENESS_WEIGHTED_ALGORITHMS = ("fedavg", "fedavgm", "fedprox", "fedproxm")
+# Their clients upload models and moments, not changes: averaging those of clients that started from
+# older server versions would pull the model back and let v_hat fall (specs/fedlalr.md C4).
+MODEL_UPLOADING_ALGORITHMS = ("fedlalr", "local_amsgrad")
 AGG_WEIGHTINGS = ("uniform", "num_samples")
 WEIGHT_DECAY_MODES = ("coupled", "decoupled")
 INTERVALS = ("fixed", "adaptive")
@@ -406,6 +409,9 @@ def _resolve_async(config: Config) -> None:
         raise ConfigError(f"train.round_policy=async_buffered needs 1 <= train.buffer_size ({train.buffer_size}) "
                           f"<= train.concurrency ({train.concurrency}) <= data.num_clients "
                           f"({config.data.num_clients})")
+    if config.algorithm.name in MODEL_UPLOADING_ALGORITHMS:
+        raise ConfigError(f"train.round_policy=async_buffered does not apply to {config.algorithm.name}, whose "
+                          f"clients upload models and moments: stale ones would pull the server's back")
     if train.staleness_weight != "none" and config.algorithm.name not in STALENESS_WEIGHTED_ALGORITHMS:
         raise ConfigError(f"train.staleness_weight={train.staleness_weight} scales model updates; "
                           f"{config.algorithm.name} uploads something else (use it with "

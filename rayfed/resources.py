@@ -10,6 +10,8 @@ from typing import NamedTuple
 
 import torch
 
+from rayfed.algorithms.local_training import LocalSchedule
+from rayfed.algorithms.registry import build_algorithm
 from rayfed.data.datasets import (DIGITS_CLASSES, DIGITS_IMAGE_SHAPE, DIGITS_SAMPLES, RANDOM_CLASSES,
                                   RANDOM_IMAGE_SHAPE, RANDOM_TEST_SIZE, RANDOM_TRAIN_SIZE, SYNTHETIC_CLASSES,
                                   SYNTHETIC_DIMENSION)
@@ -107,7 +109,10 @@ def check_availability_walk(config, model: torch.nn.Module) -> None:
     if systems.availability != "markov":
         return
     model_bytes = FLOAT32_BYTES * sum(parameter.numel() for parameter in model.parameters())
-    median_s = (train.local_steps * systems.step_time_s + model_bytes / systems.upload_bps
+    # The run's longest rounds: the adaptive interval grows, and local epochs scale with a client's size.
+    typical_samples = max(1, _num_samples(config.data, DATASET_SHAPES[config.data.dataset]) // config.data.num_clients)
+    steps = LocalSchedule.from_config(train).steps(train.rounds - 1, typical_samples)
+    median_s = (steps * systems.step_time_s + model_bytes / systems.upload_bps
                 + model_bytes / systems.download_bps)
     # The largest of S standard normals is about sqrt(2 ln S).
     tail = math.sqrt(2 * math.log(max(train.clients_per_round, 2)))
@@ -139,7 +144,8 @@ def estimate_memory(config, model: torch.nn.Module) -> dict[str, int]:
         # The driver's copy, and on ray the object store's, which the workers read without copying.
         "data": data_bytes * (2 if engine.backend == "ray" else 1),
         "models": (engine.num_workers + 1) * MODEL_COPIES_PER_PROCESS * vector_bytes,
-        "uploads": config.train.clients_per_round * vector_bytes,
+        # FedLALR's clients upload three vectors, LaFedOPT's two.
+        "uploads": config.train.clients_per_round * FLOAT32_BYTES * build_algorithm(algorithm, []).upload_size(sum(params)),
         "client states": _client_state_rows(config) * vector_bytes,
     }
     memory_rows = min(algorithm.memory_size or 0, data.num_clients)

@@ -8,6 +8,7 @@ import torch
 
 from rayfed.algorithms import fedlalr as fedlalr_module
 from rayfed.algorithms.base import RoundInfo
+from rayfed.algorithms.fedlalr import FedLALRState
 from rayfed.algorithms.local_adaptive import AMSGradDirection
 from rayfed.algorithms.local_training import TrainingTask
 from tests.fakes import QuadraticTask, ScriptedTask, make, run_rounds
@@ -114,6 +115,20 @@ def test_c4_the_synchronised_v_hat_never_decreases(vhat_agg, weighting):
         state = new_state
 
 
+@pytest.mark.parametrize("weighting", ["uniform", "num_samples"])
+def test_c4_holds_in_float32_where_no_client_raises_a_coordinate(weighting):
+    """A rounded mean of equal values may fall an ulp below them; the synchronised v_hat must not."""
+    algorithm = fedlalr(agg_weighting=weighting, eps=1e-3)
+    generator = torch.Generator().manual_seed(7)
+    v_hat = torch.rand(1000, generator=generator) * 3e-3 + 1e-6
+    state = FedLALRState(torch.zeros(1000), torch.zeros(1000), v_hat)
+    tasks = {client: ScriptedTask([torch.zeros(1000, dtype=torch.float64)]) for client in range(7)}
+    for task in tasks.values():
+        task.gradients = [torch.zeros(1000)]
+    new_state, _ = one_round(algorithm, state, tasks, weights={c: 3 + c for c in range(7)})
+    assert (new_state.v_hat >= v_hat).all() and (new_state.v_hat >= 1e-6).all()
+
+
 def test_c5_c7_clients_start_from_the_broadcast_whatever_they_did_before(recording):
     beta1, beta2, alpha = 0.8, 0.9, 0.05
     algorithm = fedlalr(beta1=beta1, beta2=beta2, lr_local=alpha)
@@ -145,8 +160,10 @@ def test_c6_the_server_holds_the_weighted_means_and_the_max_is_order_independent
         torch.testing.assert_close(held, sum(w * uploads[c].tensors[name] for c, w in weights.items()), **TIGHT)
     rows = [uploads[c].tensors["v_hat"] for c in (0, 2, 5)]
     if vhat_agg == "max":
-        for order in itertools.permutations(rows):
-            assert torch.equal(torch.stack(order).amax(0), state.v_hat)
+        pre = start(algorithm)
+        for order in itertools.permutations(uploads):
+            reordered = {client: uploads[client] for client in order}
+            assert torch.equal(algorithm.server_step(pre, reordered, RoundInfo(0, order, 6))[0].v_hat, state.v_hat)
         assert torch.equal(state.v_hat, torch.maximum(torch.maximum(rows[0], rows[1]), rows[2]))
     else:
         torch.testing.assert_close(state.v_hat, sum(w * uploads[c].tensors["v_hat"] for c, w in weights.items()),
@@ -373,6 +390,32 @@ def test_naive_local_amsgrad_synchronises_only_the_model(recording):
         state, uploads = one_round(algorithm, state, {i: QuadraticTask(i) for i in range(3)}, round)
         assert all(set(upload.tensors) == {"params"} for upload in uploads.values())
         assert torch.equal(recording[0][0], torch.full((DIM,), 1e-4, dtype=torch.float64))   # v restarts at eps^2
+        torch.testing.assert_close(recording[0][1], 0.1 * recording[0][4], **TIGHT)              # and m at 0
+
+
+def test_eps_mode_add_alone_adds_eps_to_the_denominator_from_a_zero_v_hat():
+    g = torch.tensor([0.5, -1.0, 2.0, 0.1], dtype=torch.float64)
+    eps, beta2, alpha = 1e-2, 0.99, 0.1
+    state, _ = one_round(fedlalr(eps_mode="add", eps=eps, beta1=0.0, beta2=beta2, lr_local=alpha),
+                         start(fedlalr(eps_mode="add", eps=eps)), {0: ScriptedTask([g])})
+    torch.testing.assert_close(state.params, -alpha * g / ((1 - beta2) ** 0.5 * g.abs() + eps), **TIGHT)
+
+
+def test_bias_correction_alone_divides_m_and_v_hat_by_the_rounds_step_count():
+    g = [torch.tensor([0.5, -1.0, 2.0, 0.1], dtype=torch.float64), torch.tensor([1.0, 1.0, -1.0, 0.0],
+                                                                                   dtype=torch.float64)]
+    eps, beta1, beta2, alpha = 1e-2, 0.9, 0.99, 0.1
+    algorithm = fedlalr(bias_correction=True, eps=eps, beta1=beta1, beta2=beta2, lr_local=alpha)
+    state, _ = one_round(algorithm, start(algorithm), {0: ScriptedTask(g)})
+    x, m, v = torch.zeros(DIM, dtype=torch.float64), torch.zeros(DIM, dtype=torch.float64), \
+        torch.full((DIM,), eps ** 2, dtype=torch.float64)
+    v_hat = v.clone()
+    for k, grad in enumerate(g, start=1):
+        m = beta1 * m + (1 - beta1) * grad
+        v = beta2 * v + (1 - beta2) * grad ** 2
+        v_hat = torch.maximum(v_hat, v)
+        x = x - alpha * (m / (1 - beta1 ** k)) / torch.sqrt(v_hat / (1 - beta2 ** k))
+    torch.testing.assert_close(state.params, x, **TIGHT)
 
 
 def test_eps_mode_add_and_bias_correction_are_the_ablations_they_name():

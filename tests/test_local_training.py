@@ -44,9 +44,10 @@ def test_integer_log_is_exact_at_powers():
 
 def test_local_epochs_and_fixed_steps():
     schedule = LocalSchedule(local_steps=7, batch_size=50, local_epochs=5)
-    assert schedule.steps(3, 500) == 50 and schedule.steps(3, 501) == 55 and schedule.steps(0, 20) == 5
+    assert schedule.steps(3, 500) == 50 and schedule.steps(3, 502) == 55 and schedule.steps(0, 20) == 5
+    # 501 = 10 batches of 50 and one of 1, which the worker skips: an epoch is 10 batches
+    assert schedule.steps(3, 501) == 50
     assert LocalSchedule(local_steps=7, batch_size=50).steps(9, 500) == 7
-    assert schedule.steps_differ_between_clients and not LocalSchedule(7, 50).steps_differ_between_clients
 
 
 def test_c18_the_decay_is_per_round():
@@ -104,6 +105,41 @@ def test_c22_the_run_logs_each_rounds_interval(tmp_path):
     assert "interval_rounding: floor" in (tmp_path / "adaptive" / "config.yaml").read_text()
 
 
+def test_c18_the_worker_trains_round_t_with_gamma_to_the_t(tmp_path):
+    from rayfed.api import load_data
+    from rayfed.engine.worker import ClientWorker
+    config = rayfed.load_config(None, SYNTHETIC + ["train.lr_decay=0.9", "train.weight_decay=0.01",
+                                                   "train.weight_decay_mode=decoupled", "train.max_grad_norm=2"])
+    dataset, partition = load_data(config)
+    worker = ClientWorker(config, (dataset.train_x, dataset.train_y), partition, dataset.input_shape,
+                          dataset.num_classes)
+    for round in (0, 1, 7):
+        task = worker._training_task(worker._client_task(round, 3), round, 40)
+        assert task.lr_factor == 0.9 ** round and task.steps == 5
+        assert (task.weight_decay, task.decoupled, task.max_grad_norm) == (0.01, True, 2.0)
+
+
+def test_decoupled_decay_uses_the_rounds_decayed_rate_and_leaves_the_direction_alone():
+    from rayfed.algorithms.base import local_sgd
+    x = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    g = torch.tensor([0.5, 0.25], dtype=torch.float64)
+    task = TrainingTask(ScriptedTask([g, g]), steps=2, lr_factor=0.5, weight_decay=0.1, decoupled=True)
+    center = torch.tensor([0.3, 0.3], dtype=torch.float64)
+    y, _ = local_sgd(task, x, 0.2, prox_mu=1.0, prox_center=center)
+    expected = x.clone()
+    for _ in range(2):      # the proximal term at the undecayed iterate, then x <- (1 - lr lambda) x - lr d
+        direction = g + (expected - center)
+        expected = expected * (1 - 0.1 * 0.1) - 0.1 * direction
+    torch.testing.assert_close(y, expected, rtol=1e-15, atol=0.0)
+
+
+def test_the_first_rounds_virtual_upload_is_the_algorithms_size():
+    from tests.test_server import make_server
+    for name, vectors in (("fedavg", 1), ("lafedopt", 2), ("fedlalr", 3)):
+        _, server = make_server(f"algorithm.name={name}")
+        assert server.upload_bytes == vectors * server.model.num_params * 4 + server.buffers.numel() * 4
+
+
 def test_lr_decay_and_weight_decay_change_the_run_and_default_to_off(tmp_path):
     plain = run(tmp_path, "plain", "algorithm.name=fedavg")
     explicit = run(tmp_path, "explicit", "algorithm.name=fedavg", "train.lr_decay=1.0", "train.weight_decay=0.0")
@@ -124,6 +160,9 @@ def test_lr_decay_and_weight_decay_change_the_run_and_default_to_off(tmp_path):
     (["algorithm.name=fedlalr", "algorithm.vhat_agg=median"], "algorithm.vhat_agg='median' must be one of: mean, max"),
     (["algorithm.name=fedlalr", "algorithm.eps=0"], r"algorithm.eps=0.0 must be > 0"),
     (["algorithm.name=fedlalr", "algorithm.tau=0.1"], "algorithm.tau is not a parameter of fedlalr"),
+    (["algorithm.name=fedlalr", "algorithm.eps=1e-20"], r"algorithm.eps=1e-20 is too small for eps_mode=init"),
+    (["algorithm.name=fedlalr", "train.round_policy=async_buffered"],
+     "train.round_policy=async_buffered does not apply to fedlalr"),
 ])
 def test_bad_local_training_and_adaptive_keys_are_one_line(overrides, message):
     with pytest.raises(ConfigError, match=message):

@@ -36,8 +36,8 @@ class ClientTask(Protocol):
         The gradient is a reused buffer, valid until the next call."""
 
     def decay(self, params: Tensor, lr: float) -> None:
-        """Decoupled weight decay before a step with learning rate `lr`, in place (a no-op unless
-        train.weight_decay_mode=decoupled)."""
+        """Decoupled weight decay of a step with learning rate `lr`, in place, after the step's
+        direction is taken and before it is applied (a no-op unless train.weight_decay_mode=decoupled)."""
 
 
 @dataclass
@@ -78,6 +78,10 @@ class Algorithm:
 
     def global_params(self, server_state: Any) -> Tensor:
         raise NotImplementedError
+
+    def upload_size(self, num_params: int) -> int:
+        """Floats one client uploads, for the virtual clock's first round, before any upload arrived."""
+        return num_params
 
     def client_init(self, client_id: int) -> Any:
         """Persistent per-client state before a client's first round; None when there is none."""
@@ -124,8 +128,9 @@ def local_descent(task: ClientTask, start: Tensor, lr: float,
     loss_sum = 0.0
     for step in range(1, task.steps + 1):
         loss, grad = task.loss_and_grad(params, task.next_batch())
+        step_direction = direction(grad, params, step)
         task.decay(params, lr)
-        params.sub_(direction(grad, params, step), alpha=lr)
+        params.sub_(step_direction, alpha=lr)
         loss_sum = loss_sum + loss.double()
     mean_loss = loss_sum / task.steps
     return params, float(mean_loss) if mean_loss.ndim == 0 else mean_loss

@@ -62,6 +62,9 @@ class FedLALR(Algorithm):
             down["v_hat"] = state.v_hat
         return down
 
+    def upload_size(self, num_params: int) -> int:
+        return num_params * (3 if not self.restart_momentum else 2 if self.synchronize_moments else 1)
+
     def global_params(self, state: FedLALRState) -> Tensor:
         return state.params
 
@@ -89,7 +92,9 @@ class FedLALR(Algorithm):
             if self.vhat_agg == "max":                                                   # Alg. 3
                 v_hat = torch.stack([upload.tensors["v_hat"] for upload in uploads.values()]).amax(dim=0)
             else:
-                v_hat = weighted_average(uploads, "v_hat", self.agg_weighting)
+                # Every client's v_hat is >= v_hat_{t-1}, so their mean is too (C4); a rounded float
+                # mean of equal values can fall an ulp short of it.
+                v_hat = torch.maximum(weighted_average(uploads, "v_hat", self.agg_weighting), state.v_hat)
         metrics = {}
         if v_hat is not None:
             # The range of the per-coordinate learning-rate multiplier 1/sqrt(v_hat) (Lemma 5).

@@ -66,6 +66,9 @@ class LaFedOPT(Algorithm):
     def broadcast(self, state: LaFedOPTState) -> dict[str, Tensor]:
         return {"params": state.params}
 
+    def upload_size(self, num_params: int) -> int:
+        return 2 * num_params
+
     def global_params(self, state: LaFedOPTState) -> Tensor:
         return state.params
 

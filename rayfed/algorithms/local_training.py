@@ -49,7 +49,7 @@ class LocalSchedule:
 
     def steps(self, round: int, num_samples: int) -> int:
         """Local steps (minibatches) of a client with `num_samples` samples in 0-based `round`."""
-        batches_per_epoch = math.ceil(num_samples / min(self.batch_size, num_samples))
+        batches_per_epoch = batches_in_epoch(num_samples, self.batch_size)
         if self.interval == "adaptive":
             length = self.interval_length(round)
             return length * batches_per_epoch if self.interval_unit == "epochs" else length
@@ -57,11 +57,13 @@ class LocalSchedule:
             return self.local_epochs * batches_per_epoch
         return self.local_steps
 
-    @property
-    def steps_differ_between_clients(self) -> bool:
-        """Whether a client's step count depends on its sample count (local epochs)."""
-        return (self.interval == "adaptive" and self.interval_unit == "epochs") or \
-            (self.interval == "fixed" and self.local_epochs is not None)
+
+def batches_in_epoch(num_samples: int, batch_size: int) -> int:
+    """Minibatches in one pass over a client's samples: ceil(n / B), less a trailing batch of one
+    sample, which the worker skips (BatchNorm cannot train on it) and reshuffles instead."""
+    batch_size = min(batch_size, num_samples)
+    trailing_single = num_samples > 1 and num_samples % batch_size == 1
+    return math.ceil(num_samples / batch_size) - trailing_single
 
 
 def integer_log(value: int, base: float, rounding: str) -> int:

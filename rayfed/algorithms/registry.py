@@ -24,6 +24,8 @@ COMMON_KEYS = ("name", "lr_local", "lr_global", "agg_weighting")
 # Far above any useful value; a bound keeps a typo like 1e30 from overflowing the updates.
 MAX_COEFFICIENT = 1e6
 MAX_MEMORY_SIZE = 10**7
+# The smallest normal float32: FedLALR's v_hat starts at eps^2 and must stay a normal number.
+MIN_NORMAL_FLOAT32 = 1.1754943508222875e-38
 
 _Decay = Annotated[float, Field(ge=0.0, lt=1.0)]
 _Coefficient = Annotated[float, Field(ge=0.0, le=MAX_COEFFICIENT)]
@@ -115,6 +117,9 @@ def resolve_hyperparameters(algorithm_config) -> None:
             except ValidationError:
                 raise ConfigError(f"algorithm.{key}={reprlib.repr(value)} must be "
                                   f"{allowed_values(HYPERPARAMETERS[key])}") from None
+    if algorithm_config.eps_mode == "init" and algorithm_config.eps ** 2 < MIN_NORMAL_FLOAT32:
+        raise ConfigError(f"algorithm.eps={algorithm_config.eps:g} is too small for eps_mode=init: v_hat starts at "
+                          f"eps^2, which float32 cannot hold below {MIN_NORMAL_FLOAT32:.3g} (use eps >= 1.1e-19)")
 
 
 def allowed_values(declared) -> str:

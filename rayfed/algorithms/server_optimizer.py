@@ -12,7 +12,7 @@ pseudo-gradient Delta_t = sum_i w_i (y_i - x_t), an ascent direction for the mod
 
 FedAdam/Yogi/Adagrad start from m = 0, v = tau^2 (Reddi et al. require v_{-1} >= tau^2); FedAMS from
 m = v = v_hat = 0. No bias correction unless asked (m / (1 - beta1^t), v / (1 - beta2^t), t counted
-from 1 at the first step; for ams_* it corrects v before the max).
+from 1 at the first step; for ams_* it corrects v_hat, as FedCAMS's code and torch's AMSGrad do).
 """
 from __future__ import annotations
 
@@ -64,17 +64,16 @@ class ServerOptimizer:
             v = state.v + squared
         else:
             v = self.beta2 * state.v + (1 - self.beta2) * squared
-        if self.bias_correction:
-            first, second = momentum / (1 - self.beta1 ** steps), v / (1 - self.beta2 ** steps)
-        else:
-            first, second = momentum, v
         v_hat = None
         if self.rule == "ams_v1":
-            v_hat = torch.maximum(torch.maximum(state.v_hat, second), torch.full_like(second, self.eps))
-            denominator = v_hat.sqrt()
+            v_hat = torch.maximum(torch.maximum(state.v_hat, v), torch.full_like(v, self.eps))
         elif self.rule == "ams_v2":
-            v_hat = torch.maximum(state.v_hat, second)
-            denominator = v_hat.sqrt() + self.eps
+            v_hat = torch.maximum(state.v_hat, v)
+        first, second = momentum, v if v_hat is None else v_hat
+        if self.bias_correction:
+            first, second = first / (1 - self.beta1 ** steps), second / (1 - self.beta2 ** steps)
+        if self.rule == "ams_v1":
+            denominator = second.sqrt()
         else:
             denominator = second.sqrt() + self.eps
         return params + self.lr * first / denominator, ServerOptimizerState(momentum, v, v_hat, steps)

@@ -41,8 +41,10 @@ class Server:
         self.buffers = self.model.buffers.clone()
         self.client_systems = client_systems
         self.virtual_time_s = 0.0
-        # What a client uploads is only known once one has; until then, as much as it downloads.
-        self.upload_bytes = self._broadcast().nbytes
+        # What a client uploads is measured from the uploads once some came; until then, the
+        # algorithm's count of floats and the buffers.
+        self.upload_bytes = (self.algorithm.upload_size(self.model.num_params) * self.model.params.element_size()
+                             + self.buffers.numel() * self.buffers.element_size())
         self.plan = RoundPlan([], [], 0.0)
         self.num_online = 0
         train = config.train

@@ -29,8 +29,8 @@ def vectorize_blocker(algorithm_name: str, algorithm: Algorithm, module: nn.Modu
     if not algorithm.vectorizable:
         return f"algorithm {algorithm_name} has no batched local step (its clients keep state or correct their steps)"
     if steps_differ_between_clients:
-        return ("local epochs give clients of different sizes different numbers of steps, which one batched "
-                "computation does not take")
+        return ("local epochs give this partition's clients different numbers of local steps, which one "
+                "batched computation does not take")
     layers = sorted({type(layer).__name__ for layer in module.modules() if isinstance(layer, _UNVECTORIZABLE_LAYERS)})
     if layers:
         return (f"the model has {', '.join(layers)} layers, whose per-client statistics and random streams "

@@ -94,7 +94,8 @@ class ClientTask:
 
     def next_rows(self) -> Tensor:
         """Minibatches walk through a fresh shuffle of the client's samples (an epoch), then reshuffle.
-        A trailing batch of one sample is skipped: BatchNorm cannot train on it (spec A27)."""
+        A trailing batch of one sample is skipped: BatchNorm cannot train on it (spec A27); an
+        epoch is local_training.batches_in_epoch minibatches."""
         remaining = self.num_samples - self.position
         if remaining == 0 or (remaining == 1 and self.num_samples > 1):
             self.order = torch.randperm(self.num_samples, generator=self.generator).to(self.sample_indices.device)
@@ -179,7 +180,7 @@ class ClientWorker:
         algorithms on models without BatchNorm or dropout, checked before the run starts).
         The upload's tensors and metrics are stacked in `client_ids` order."""
         tasks = [self._client_task(round, client_id) for client_id in client_ids]
-        # Every client takes the same number of steps here: vectorize_blocker refuses local epochs.
+        # Every client takes the same number of steps here: vectorize_blocker refuses partitions where they differ.
         task = self._training_task(ClientBatchTask(self.model, tasks), round, tasks[0].num_samples)
         upload = self.algorithm.client_train(task, tensors, None)[0]
         upload.metrics["local_steps"] = torch.full((len(tasks),), task.steps)
