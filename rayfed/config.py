@@ -205,6 +205,7 @@ class AlgorithmConfig(_Section):
     restart_momentum: Optional[_Flag] = None
     vhat_agg: Optional[_Text] = None
     correction: Optional[_Text] = None
+    trace_v_hat: Optional[_Flag] = None
     agg_weighting: Literal[AGG_WEIGHTINGS] = "uniform"
 
 

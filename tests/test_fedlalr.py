@@ -437,3 +437,13 @@ def test_the_uploads_are_copies_of_the_resident_model_and_three_vectors_long():
     task.params.add_(1.0)               # the worker's next client overwrites the resident model in place
     assert torch.equal(upload.tensors["params"], sent)
     assert upload.nbytes == 3 * DIM * 8
+
+
+def test_e6_trace_logs_each_clients_v_hat_norm_after_every_step(recording):
+    algorithm = fedlalr(trace_v_hat=True)
+    state, uploads = one_round(algorithm, start(algorithm), {2: QuadraticTask(2, steps=4), 5: QuadraticTask(5)})
+    _, metrics = algorithm.server_step(start(algorithm), uploads, RoundInfo(0, (2, 5), 6))
+    assert sorted(metrics["v_hat_sq_norms"]) == ["2", "5"]
+    norms = metrics["v_hat_sq_norms"]["2"]
+    assert norms == [float(step[3].square().sum()) for step in recording[:4]]
+    assert norms == sorted(norms)                               # S2: non-decreasing within the round

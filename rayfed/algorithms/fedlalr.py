@@ -31,7 +31,8 @@ class FedLALR(Algorithm):
 
     def __init__(self, lr_local: float, lr_global: float, *, beta1: float, beta2: float, eps: float,
                  eps_mode: str = "init", bias_correction: bool = False, restart_momentum: bool = False,
-                 vhat_agg: str = "mean", synchronize_moments: bool = True, agg_weighting: str = "uniform"):
+                 vhat_agg: str = "mean", synchronize_moments: bool = True, trace_v_hat: bool = False,
+                 agg_weighting: str = "uniform"):
         self.lr_local = lr_local            # alpha; FedLALR has no server learning rate
         self.beta1 = beta1
         self.beta2 = beta2
@@ -41,6 +42,7 @@ class FedLALR(Algorithm):
         self.restart_momentum = restart_momentum or not synchronize_moments
         self.vhat_agg = vhat_agg
         self.synchronize_moments = synchronize_moments
+        self.trace_v_hat = trace_v_hat
         self.agg_weighting = agg_weighting
 
     def _initial_v_hat(self, like: Tensor) -> Tensor:
@@ -75,13 +77,17 @@ class FedLALR(Algorithm):
         # v_{t,0,i} = v_hat_{t,0,i} = v_hat_{t-1}: the EMA v restarts from the synchronised v_hat (C7).
         direction = AMSGradDirection(momentum, v_hat, v_hat, self.beta1, self.beta2, self.eps,
                                      self.eps_mode, self.bias_correction)
-        local, mean_loss = local_descent(task, params, self.lr_local, direction)
+        traced = _VHatTrace(direction) if self.trace_v_hat else direction
+        local, mean_loss = local_descent(task, params, self.lr_local, traced)
+        metrics = {"train_loss": mean_loss}
+        if self.trace_v_hat:
+            metrics["v_hat_sq_norms"] = traced.norms()
         sent = {"params": local.clone()}     # `local` is the resident model, which the next client overwrites
         if "momentum" in down:
             sent["momentum"] = direction.m
         if "v_hat" in down:
             sent["v_hat"] = direction.v_hat
-        return Upload(sent, task.num_samples, {"train_loss": mean_loss}), None
+        return Upload(sent, task.num_samples, metrics), None
 
     def server_step(self, state: FedLALRState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[FedLALRState, dict]:
@@ -99,4 +105,26 @@ class FedLALR(Algorithm):
         if v_hat is not None:
             # The range of the per-coordinate learning-rate multiplier 1/sqrt(v_hat) (Lemma 5).
             metrics = {"v_hat_min": float(v_hat.min()), "v_hat_max": float(v_hat.max())}
+        if self.trace_v_hat:
+            metrics["v_hat_sq_norms"] = {str(client): upload.metrics["v_hat_sq_norms"]
+                                         for client, upload in uploads.items()}
         return FedLALRState(params=params, momentum=momentum, v_hat=v_hat), metrics
+
+
+class _VHatTrace:
+    """The experiment of the paper's Fig. 7 (E6): ||v_hat||^2 after every local step of a client,
+    whose growth is the decay of its effective learning rate."""
+
+    def __init__(self, direction: AMSGradDirection):
+        self.direction = direction
+        self.trace: list[Tensor] = []
+
+    def __call__(self, grad: Tensor, params: Tensor, step: int) -> Tensor:
+        result = self.direction(grad, params, step)
+        self.trace.append(self.direction.v_hat.square().sum(dim=-1))
+        return result
+
+    def norms(self) -> list[float] | Tensor:
+        """A list of floats; with a stack of clients (engine.vectorize), a (clients, steps) tensor."""
+        norms = torch.stack(self.trace, dim=-1).double()
+        return norms.tolist() if norms.ndim == 1 else norms

@@ -49,6 +49,7 @@ HYPERPARAMETERS: dict[str, Any] = {
     "restart_momentum": bool,
     "vhat_agg": Literal["mean", "max"],
     "correction": Literal["joint", "local"],
+    "trace_v_hat": bool,
 }
 _CHECKERS = {key: TypeAdapter(declared) for key, declared in HYPERPARAMETERS.items()}
 
@@ -81,7 +82,8 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
     "gradma_w": AlgorithmEntry(GradMA, _QP_LOCAL, {"correct_locally": True, "memory_size": 0, "beta1": 0.0}),
     "gradma_s": AlgorithmEntry(GradMA, _QP_GLOBAL, {"correct_locally": False}),
     "gradma": AlgorithmEntry(GradMA, {**_QP_GLOBAL, **_QP_LOCAL}, {"correct_locally": True}),
-    "fedlalr": AlgorithmEntry(FedLALR, {**_FEDLALR, "restart_momentum": False, "vhat_agg": "mean"}, server_lr=False),
+    "fedlalr": AlgorithmEntry(FedLALR, {**_FEDLALR, "restart_momentum": False, "vhat_agg": "mean",
+                                        "trace_v_hat": False}, server_lr=False),
     "local_amsgrad": AlgorithmEntry(FedLALR, _FEDLALR, {"synchronize_moments": False}, server_lr=False),
     "fedadam": AlgorithmEntry(FedOpt, _FEDADAM, {"server_optimizer": "adam"}),
     "fedyogi": AlgorithmEntry(FedOpt, _FEDADAM, {"server_optimizer": "yogi"}),
