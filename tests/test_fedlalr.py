@@ -103,7 +103,7 @@ def test_c2_c3_bounds_and_within_round_monotonicity(recording, vhat_agg):
         assert (state.momentum.abs() <= bound).all()
 
 
-@pytest.mark.parametrize("vhat_agg, weighting", itertools.product(["mean", "max"], ["uniform", "num_samples"]))
+@pytest.mark.parametrize("vhat_agg, weighting", list(itertools.product(["mean", "max"], ["uniform", "num_samples"])))
 def test_c4_the_synchronised_v_hat_never_decreases(vhat_agg, weighting):
     algorithm = fedlalr(vhat_agg=vhat_agg, agg_weighting=weighting, beta2=0.9)
     state = start(algorithm)
