@@ -22,6 +22,7 @@ from rayfed.data.datasets import DATASETS, missing_files
 from rayfed.data.partition import PARTITIONS
 from rayfed.errors import ConfigError
 from rayfed.faults import parse_fault
+from rayfed.selection.selectors import SELECTORS, UCS_VARIANTS
 from rayfed.resources import MODEL_NAMES, check_availability_walk, check_memory, check_model
 from rayfed.systems.availability import AVAILABILITIES
 
@@ -269,6 +270,11 @@ class EngineConfig(_Section):
     vectorize: _Flag = False
 
 
+class SelectionConfig(_Section):
+    selector: Literal[SELECTORS] = "uniform"
+    ucs_variant: Literal[UCS_VARIANTS] = "paper"
+
+
 class LoggingConfig(_Section):
     tensorboard: _Flag = False
 
@@ -281,6 +287,7 @@ class Config(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     systems: SystemsConfig = Field(default_factory=SystemsConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    selection: SelectionConfig = Field(default_factory=SelectionConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -367,6 +374,7 @@ def _check_combinations(config: Config) -> None:
         raise ConfigError(f"train.deadline_s is only used with train.round_policy=deadline, not {train.round_policy}")
     _resolve_async(config)
     _resolve_interval(train)
+    _check_selection(config)
     if (engine.round_timeout_s is not None or engine.fault_injection) and engine.backend != "ray":
         raise ConfigError("engine.round_timeout_s and engine.fault_injection need engine.backend=ray")
     for entry in engine.fault_injection:
@@ -377,6 +385,28 @@ def _check_combinations(config: Config) -> None:
     if engine.num_workers > data.num_clients:
         raise ConfigError(f"engine.num_workers={engine.num_workers} exceeds "
                           f"data.num_clients={data.num_clients}; a worker hosts at least one client")
+
+
+def _check_selection(config: Config) -> None:
+    """A selector other than uniform weights the round's clients itself (specs/fedmos.md §3.4): the
+    combinations where those weights are not defined are refused."""
+    selector, algorithm = config.selection.selector, config.algorithm.name
+    if selector == "uniform":
+        if config.selection.ucs_variant != "paper":
+            raise ConfigError("selection.ucs_variant only applies to selection.selector=ucs")
+        return
+    if config.train.round_policy != "sync":
+        raise ConfigError(f"selection.selector={selector} needs train.round_policy=sync: dropping or adding "
+                          f"clients after the draw would leave its weights biased")
+    if config.algorithm.agg_weighting != "uniform":
+        raise ConfigError(f"algorithm.agg_weighting={config.algorithm.agg_weighting} does not apply with "
+                          f"selection.selector={selector}, whose weights already follow the clients' sample counts")
+    if algorithm in ("mifa", "mifam"):
+        raise ConfigError(f"selection.selector={selector} does not apply to {algorithm}, which averages the latest "
+                          f"updates of all clients whoever was selected")
+    if selector == "ucs" and config.selection.ucs_variant == "paper" and algorithm in MODEL_UPLOADING_ALGORITHMS:
+        raise ConfigError(f"selection.selector=ucs (ucs_variant=paper) does not apply to {algorithm}: its weights "
+                          f"sum to 1 only on average, and {algorithm} averages models, not updates")
 
 
 def _resolve_interval(train: TrainConfig) -> None:

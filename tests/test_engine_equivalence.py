@@ -65,10 +65,11 @@ def test_ray_engine_refuses_resources_the_cluster_lacks(tmp_path, ray_cluster):
 @pytest.mark.parametrize("algorithm", [
     ["algorithm.name=fedlalr", "algorithm.lr_local=0.002", "train.lr_decay=0.95", "train.weight_decay=0.001",
      "train.max_grad_norm=5", "train.interval=adaptive", "train.interval_unit=steps"],
-    ["algorithm.name=fedadam", "algorithm.lr_global=0.1"],
+    ["algorithm.name=fedadam", "algorithm.lr_global=0.1", "selection.selector=acs"],
 ])
 def test_adaptive_algorithms_are_bitwise_identical_across_engines_and_worker_counts(tmp_path, ray_cluster, algorithm):
-    """Stateless clients are dealt to other workers as the worker count changes (specs/fedlalr.md C16, C17)."""
+    """Stateless clients are dealt to other workers as the worker count changes (specs/fedlalr.md C16, C17);
+    a selector's draws and weights are the server's alone."""
     overrides = SYNTHETIC_MLP + algorithm
     reference = run(tmp_path, overrides + ["engine.backend=local"], "local")
     for workers in (1, 2, 3):

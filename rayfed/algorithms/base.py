@@ -58,6 +58,9 @@ class RoundInfo:
     round: int                     # 0-based index of the round being completed
     sampled: tuple[int, ...]       # the round's clients, in sampling order
     num_clients: int
+    # The selector's aggregation weights of the clients that count (selection.selector other than
+    # uniform); None: the algorithm weights them itself (algorithm.agg_weighting).
+    weights: dict[int, float] | None = None
 
 
 class Algorithm:
@@ -103,9 +106,15 @@ class Algorithm:
         return sum(value.numel() * value.element_size() for value in vars(state).values() if isinstance(value, Tensor))
 
 
-def weighted_average(uploads: dict[int, Upload], name: str, weighting: str) -> Tensor:
-    """sum_i w_i * uploads[i].tensors[name] in client-id order; w_i = 1/S or n_i / sum_j n_j."""
+def weighted_average(uploads: dict[int, Upload], name: str, weighting: str,
+                     weights: dict[int, float] | None = None) -> Tensor:
+    """sum_i w_i * uploads[i].tensors[name] in client-id order; w_i = the selector's `weights` when
+    given, else 1/S or n_i / sum_j n_j."""
     total = torch.zeros_like(next(iter(uploads.values())).tensors[name])
+    if weights is not None:
+        for client, upload in uploads.items():
+            total.add_(upload.tensors[name], alpha=weights[client])
+        return total
     if weighting == "uniform":
         for upload in uploads.values():
             total.add_(upload.tensors[name])

@@ -48,7 +48,7 @@ class FedAvgM(Algorithm):
 
     def server_step(self, state: FedAvgMState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[FedAvgMState, dict]:
-        update = weighted_average(uploads, "update", self.agg_weighting)     # d_{t+1}
+        update = weighted_average(uploads, "update", self.agg_weighting, round_info.weights)     # d_{t+1}
         momentum = state.momentum.mul(self.beta1).add_(update)               # m_{t+1} = beta1 m_t + d_{t+1}
         params = state.params.sub(momentum, alpha=self.lr_global)           # x_{t+1} = x_t - eta_g m_{t+1}
         return FedAvgMState(params=params, momentum=momentum), {}

@@ -91,8 +91,11 @@ class FedLALR(Algorithm):
 
     def server_step(self, state: FedLALRState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[FedLALRState, dict]:
-        params = weighted_average(uploads, "params", self.agg_weighting)                # eq. (6)
-        momentum = weighted_average(uploads, "momentum", self.agg_weighting) if state.momentum is not None else None
+        weights = round_info.weights
+        params = weighted_average(uploads, "params", self.agg_weighting, weights)                      # eq. (6)
+        momentum = None
+        if state.momentum is not None:
+            momentum = weighted_average(uploads, "momentum", self.agg_weighting, weights)
         v_hat = None
         if state.v_hat is not None:
             if self.vhat_agg == "max":                                                   # Alg. 3
@@ -100,7 +103,7 @@ class FedLALR(Algorithm):
             else:
                 # Every client's v_hat is >= v_hat_{t-1}, so their mean is too (C4); a rounded float
                 # mean of equal values can fall an ulp short of it.
-                v_hat = torch.maximum(weighted_average(uploads, "v_hat", self.agg_weighting), state.v_hat)
+                v_hat = torch.maximum(weighted_average(uploads, "v_hat", self.agg_weighting, weights), state.v_hat)
         metrics = {}
         if v_hat is not None:
             # The range of the per-coordinate learning-rate multiplier 1/sqrt(v_hat) (Lemma 5).

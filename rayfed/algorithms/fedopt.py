@@ -54,6 +54,6 @@ class FedOpt(Algorithm):
 
     def server_step(self, state: FedOptState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[FedOptState, dict]:
-        pseudo_gradient = weighted_average(uploads, "delta", self.agg_weighting)       # Delta_t
+        pseudo_gradient = weighted_average(uploads, "delta", self.agg_weighting, round_info.weights)       # Delta_t
         params, optimizer = self.optimizer.step(state.params, pseudo_gradient, state.optimizer)
         return FedOptState(params=params, optimizer=optimizer), {}

@@ -107,7 +107,7 @@ class GradMA(Algorithm):
 
     def server_step(self, state: GradMAServerState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[GradMAServerState, dict]:
-        update = weighted_average(uploads, "update", self.agg_weighting)          # d_{t+1}
+        update = weighted_average(uploads, "update", self.agg_weighting, round_info.weights)          # d_{t+1}
         momentum = state.momentum.mul(self.beta1).add_(update)                    # m_{t+1} = beta1 mtilde_t + d_{t+1}
         metrics = _combine([upload.metrics for upload in uploads.values()], "qp_local") if self.correct_locally else {}
         if state.memory is not None:

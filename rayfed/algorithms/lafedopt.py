@@ -83,10 +83,11 @@ class LaFedOPT(Algorithm):
 
     def server_step(self, state: LaFedOPTState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[LaFedOPTState, dict]:
-        scaled = weighted_average(uploads, "scaled_update", self.agg_weighting)               # U
+        weights = round_info.weights
+        scaled = weighted_average(uploads, "scaled_update", self.agg_weighting, weights)               # U
         if self.correction == "joint":
             pseudo_gradient = _divide(scaled, weighted_average(uploads, "inverse_preconditioner_sum",
-                                                               self.agg_weighting))         # U / R
+                                                               self.agg_weighting, weights))         # U / R
         else:
             pseudo_gradient = scaled
         params, _ = self.server_optimizer.step(state.params, pseudo_gradient, None)

@@ -35,10 +35,10 @@ class LocalSchedule:
     @classmethod
     def from_config(cls, train) -> "LocalSchedule":
         adaptive = train.interval == "adaptive"
+        interval = {"k_init": train.interval_k_init, "k_alpha": train.interval_k_alpha,
+                    "rounding": train.interval_rounding, "interval_unit": train.interval_unit} if adaptive else {}
         return cls(local_steps=train.local_steps, batch_size=train.batch_size, local_epochs=train.local_epochs,
-                   lr_decay=train.lr_decay, interval=train.interval,
-                   **({"k_init": train.interval_k_init, "k_alpha": train.interval_k_alpha, "rounding": train.interval_rounding,
-                       "interval_unit": train.interval_unit} if adaptive else {}))
+                   lr_decay=train.lr_decay, interval=train.interval, **interval)
 
     def lr_factor(self, round: int) -> float:
         return self.lr_decay ** round

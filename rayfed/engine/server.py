@@ -18,6 +18,7 @@ from rayfed.engine.process_memory import peak_rss
 from rayfed.engine.worker import as_tensor, device_for, tensors_to, threads_per_process
 from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, derive_seed, numpy_rng
+from rayfed.selection import select
 from rayfed.systems.async_buffer import AsyncBuffer
 from rayfed.systems.clients import ClientSystems
 from rayfed.systems.policy import RoundPlan, plan_round
@@ -53,12 +54,15 @@ class Server:
         # Where the round's time goes (metrics' phase_s): set by sample() and broadcast(), read by step().
         self.sample_s = 0.0
         self.broadcast_sent_at = time.time()
+        # The selector's aggregation weights of this round's clients (set by sample()); None: uniform selection.
+        self.round_weights: dict[int, float] | None = None
 
     def sample(self, round: int) -> list[int]:
-        """The clients to train this round. Clients online now are drawn uniformly without replacement
-        from the stream (seed, round): S of them (more with overcommit; the free slots under
-        async_buffered, among clients not already in flight). The round policy keeps those whose
-        uploads will count by their virtual durations; the others are never trained."""
+        """The clients to train this round. The selector (selection.selector) chooses among the clients
+        online now, from the stream (seed, round): S of them, uniformly without replacement by
+        default (more with overcommit; the free slots under async_buffered, among clients not already
+        in flight), or S draws weighted by sample counts. The round policy keeps those whose uploads
+        will count by their virtual durations; the others are never trained."""
         started = time.perf_counter()
         train = self.config.train
         online = np.flatnonzero(self.client_systems.availability.online(round, self.virtual_time_s))
@@ -70,7 +74,11 @@ class Server:
             wanted = self.async_buffer.free_slots
         self.num_online = len(online)
         rng = numpy_rng(self.config.seed, Purpose.SAMPLE_CLIENTS, round)
-        sampled = online[rng.choice(len(online), size=min(wanted, len(online)), replace=False)]
+        selection = select(self.config.selection.selector, online, self.client_systems.client_sizes[online], wanted,
+                           rng, self.config.selection.ucs_variant)
+        sampled = selection.clients
+        self.round_weights = (None if selection.weights is None
+                              else dict(zip(sampled.tolist(), selection.weights.tolist())))
         steps = np.array([self.schedule.steps(round, int(self.client_systems.client_sizes[client]))
                           for client in sampled], dtype=np.int64)
         durations = self.client_systems.speeds.round_durations(sampled, steps, self._broadcast().nbytes,
@@ -126,7 +134,11 @@ class Server:
         if counted:
             self.state, algorithm_metrics = self.algorithm.server_step(
                 self.state, {r.client_id: r.upload for r in counted},
-                RoundInfo(round=round, sampled=tuple(order), num_clients=self.config.data.num_clients))
+                RoundInfo(round=round, sampled=tuple(order), num_clients=self.config.data.num_clients,
+                          weights=self.round_weights))
+            if self.round_weights is not None:
+                # ucs weights sum to 1 only on average (specs/fedmos.md A22: log it).
+                algorithm_metrics["weight_sum"] = sum(self.round_weights[r.client_id] for r in counted)
             if self.buffers.numel():
                 self.buffers = _weighted_buffers(counted)
             self.upload_bytes = max(r.nbytes for r in counted)

@@ -1,0 +1,196 @@
+"""Client selection against specs/fedmos.md §9's selection checks (T12-T23): Algorithm 2's table,
+and the selectors' weights, unbiasedness and variances by Monte Carlo (within 4 standard errors)."""
+import numpy as np
+import pytest
+
+from rayfed.selection import acs_order, acs_table, select
+
+ROUNDS = 20_000
+
+
+def algorithm_2(importances, num_draws, order):
+    """Algorithm 2 as printed (with the break of line 12), in float64: the reference for the closed form."""
+    filled = np.zeros(len(importances))
+    table = np.zeros((len(importances), num_draws))
+    for m in range(num_draws):
+        total = 0.0
+        for i in order:
+            if filled[i] < num_draws * importances[i]:
+                q = min(num_draws * importances[i] - filled[i], 1.0)
+                before, total = total, total + q
+                if total <= 1:
+                    table[i, m] = q
+                    filled[i] += q
+                else:
+                    table[i, m] = 1 - before
+                    filled[i] += table[i, m]
+                    break
+    return table
+
+
+def random_counts(seed, num_clients=40):
+    return np.random.default_rng(seed).integers(10, 51, size=num_clients)
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("num_draws", [1, 5, 25, 40])
+def test_t12_t13_t14_the_table_is_feasible_contiguous_and_algorithm_2(seed, num_draws):
+    counts = random_counts(seed)
+    p = counts / counts.sum()
+    order = acs_order(counts)
+    table = acs_table(counts, num_draws)
+    assert (table >= 0).all() and (table <= 1).all()
+    np.testing.assert_allclose(table.sum(axis=0), 1.0, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(table.sum(axis=1), num_draws * p, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(table, algorithm_2(p, num_draws, order), rtol=0, atol=1e-12)
+    assert np.count_nonzero(table) <= len(counts) + num_draws - 1
+    positions = {client: k for k, client in enumerate(order)}
+    supports = [sorted(positions[i] for i in np.flatnonzero(table[:, m])) for m in range(num_draws)]
+    for support in supports:
+        assert support == list(range(support[0], support[-1] + 1))
+    for left, right in zip(supports, supports[1:]):
+        assert len(set(left) & set(right)) <= 1
+
+
+def test_t15_uniform_importances_give_exact_blocks():
+    table = acs_table(np.full(500, 7), 25)
+    assert (np.count_nonzero(table, axis=0) == 20).all()
+    assert np.array_equal(np.flatnonzero(table[:, 3]), np.arange(60, 80))
+    np.testing.assert_allclose(table[table > 0], 20 / 500 * 25 / 20)
+    uneven = acs_table(np.full(7, 3), 3)
+    np.testing.assert_allclose(uneven.sum(axis=1), 3 / 7, rtol=0, atol=1e-15)
+
+
+def test_t16_t17_t18_large_clients_determinism_and_the_papers_counterexample():
+    counts = np.array([50, 5, 5, 40])          # M p_1 = 2.5 with M = 5
+    table = acs_table(counts, 5)
+    assert table[0, 0] == 1 and table[0, 1] == 1 and table[0, 2] == 0.5
+    assert np.array_equal(acs_table(counts, 5), table)
+    assert list(acs_order(np.array([2, 3, 3, 1]))) == [1, 2, 0, 3]            # ties by client id
+    paper = acs_table(np.array([3, 3, 2, 2]), 2)
+    np.testing.assert_allclose(paper, [[0.6, 0], [0.4, 0.2], [0, 0.4], [0, 0.4]], atol=1e-15)
+    assert (paper ** 2).sum() == pytest.approx(0.88)
+
+
+def monte_carlo(selector, counts, num_draws, vectors, variant="paper"):
+    """Per round: each client's weight (0 when not selected), the aggregate, the weights' sum."""
+    rng = np.random.default_rng(11)
+    weights = np.zeros((ROUNDS, len(counts)))
+    for round in range(ROUNDS):
+        selection = select(selector, np.arange(len(counts)), counts, num_draws, rng, variant)
+        assert len(set(selection.clients.tolist())) == len(selection.clients)
+        weights[round, selection.clients] = selection.weights
+    return weights, weights @ vectors
+
+
+def within_4_se(samples, truth):
+    mean, se = samples.mean(axis=0), samples.std(axis=0, ddof=1) / np.sqrt(len(samples))
+    assert (np.abs(mean - truth) <= 4 * se + 1e-12).all(), (mean, truth, se)
+
+
+@pytest.mark.parametrize("selector", ["md", "acs"])
+def test_t19_t20_multinomial_selectors_are_unbiased_with_the_exact_second_moment(selector):
+    counts = random_counts(3, num_clients=12)
+    p, num_draws = counts / counts.sum(), 4
+    vectors = np.random.default_rng(5).normal(size=(12, 3))
+    weights, aggregates = monte_carlo(selector, counts, num_draws, vectors)
+    np.testing.assert_allclose(weights.sum(axis=1), 1.0, rtol=0, atol=1e-12)
+    within_4_se(weights, p)
+    within_4_se(aggregates, p @ vectors)
+    table = acs_table(counts, num_draws) if selector == "acs" else np.repeat(p[:, None], num_draws, axis=1)
+    second = (num_draws * p + num_draws ** 2 * p ** 2 - (table ** 2).sum(axis=1)) / num_draws ** 2   # Eq. (25)
+    within_4_se(weights ** 2, second)
+
+
+def test_t21_t22_acs_never_has_more_variance_than_md():
+    rng = np.random.default_rng(2)
+    for _ in range(100):
+        counts = rng.integers(1, 60, size=15)
+        p, num_draws = counts / counts.sum(), int(rng.integers(1, 8))
+        vectors = rng.normal(size=(15, 4))
+        table = acs_table(counts, num_draws)
+
+        def variance(q):      # E||A - EA||^2 of §3.6
+            return (num_draws * p @ (vectors ** 2).sum(axis=1) - ((q.T @ vectors) ** 2).sum()) / num_draws ** 2
+
+        md = np.repeat(p[:, None], num_draws, axis=1)
+        assert variance(table) <= variance(md) + 1e-12
+        if num_draws == 1:
+            assert variance(table) == pytest.approx(variance(md))
+        assert ((table ** 2).sum(axis=1) >= num_draws * p ** 2 - 1e-12).all()
+
+
+def test_t23_ucs_includes_m_of_n_and_is_unbiased_and_the_reference_variant_normalises():
+    counts = random_counts(4, num_clients=10)
+    p, num_draws = counts / counts.sum(), 3
+    vectors = np.random.default_rng(6).normal(size=(10, 2))
+    weights, aggregates = monte_carlo("ucs", counts, num_draws, vectors)
+    within_4_se(weights > 0, np.full(10, 0.3))
+    assert set(np.unique(np.round(weights / p, 9))) == {0.0, round(10 / 3, 9)}
+    within_4_se(aggregates, p @ vectors)
+    within_4_se((weights - p) ** 2, 10 / 3 * p ** 2 - p ** 2)
+    reference, _ = monte_carlo("ucs", counts, num_draws, vectors, variant="reference_code")
+    np.testing.assert_allclose(reference.sum(axis=1), 1.0, atol=1e-12)
+
+
+def test_uniform_is_todays_sampling_and_short_supply_is_taken_whole():
+    rng, again = np.random.default_rng(9), np.random.default_rng(9)
+    chosen = select("uniform", np.arange(20) + 5, np.ones(20), 6, rng)
+    assert chosen.weights is None
+    assert np.array_equal(chosen.clients, (np.arange(20) + 5)[again.choice(20, size=6, replace=False)])
+    assert sorted(select("ucs", np.array([3, 8]), np.array([5, 5]), 4, rng).clients) == [3, 8]
+
+
+# ---- the selectors inside a run ----
+
+def test_the_servers_aggregate_is_unbiased_under_every_selector():
+    """FedAvg with lr_global 1 and fixed uploads v_i moves the model by -sum_i w_i v_i each round:
+    its mean over rounds is -sum_i p_i v_i (full participation with importance weights)."""
+    import dataclasses
+
+    import torch
+    from tests.test_server import fake_results, make_server
+    for selector in ("md", "acs", "ucs"):
+        _, server = make_server("algorithm.name=fedavg", f"selection.selector={selector}", "train.eval_every=1000",
+                                "train.rounds=1000")
+        sizes = np.arange(20) * 3 + 5                  # unequal importances
+        server.client_systems = dataclasses.replace(server.client_systems, client_sizes=sizes)
+        p = sizes / sizes.sum()
+        steps = []
+        for round in range(600):
+            before = server.global_params().clone()
+            server.step(round, fake_results(server, server.sample(round), lambda c, b: torch.zeros(b)))
+            steps.append((server.global_params() - before)[0].item())
+            # the selector's weights are the ones the algorithm aggregated with
+            assert steps[-1] == pytest.approx(-sum(w * c for c, w in server.round_weights.items()),
+                                             abs=1e-6 * abs(before[0].item()) + 1e-4)     # float32 steps
+        # fake_results uploads the vector full of the client's id
+        within_4_se(np.array(steps), -(p * np.arange(len(p))).sum())
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["selection.selector=md", "train.round_policy=deadline", "train.deadline_s=5"], "needs train.round_policy=sync"),
+    (["selection.selector=acs", "algorithm.agg_weighting=num_samples"], "does not apply with selection.selector=acs"),
+    (["selection.selector=md", "algorithm.name=mifa"], "selection.selector=md does not apply to mifa"),
+    (["selection.selector=ucs", "algorithm.name=fedlalr"], "does not apply to fedlalr"),
+    (["selection.ucs_variant=reference_code"], "selection.ucs_variant only applies to selection.selector=ucs"),
+    (["selection.selector=oort"], "selection.selector='oort' is not one of: uniform, md, acs, ucs"),
+])
+def test_undefined_combinations_are_one_line(overrides, message):
+    import rayfed
+    with pytest.raises(rayfed.ConfigError, match=message):
+        rayfed.load_config(None, overrides)
+
+
+@pytest.mark.parametrize("selector", ["md", "acs", "ucs"])
+def test_runs_with_a_selector_train_each_drawn_client_once(tmp_path, selector):
+    import rayfed
+    overrides = ["engine.backend=local", "data.num_clients=12", "train.clients_per_round=6", "train.rounds=5",
+                 "train.eval_every=5", "model.name=logreg", "algorithm.name=fedavg", f"selection.selector={selector}"]
+    result = rayfed.run(rayfed.load_config(None, overrides), run_dir=tmp_path / "run", progress=False)
+    for metrics in result.history:
+        assert metrics["num_participants"] == metrics["num_sampled"] <= 6
+        if selector != "ucs":
+            assert metrics["weight_sum"] == pytest.approx(1.0, abs=1e-12)
+    again = rayfed.run(rayfed.load_config(None, overrides), run_dir=tmp_path / "again", progress=False)
+    assert np.array_equal(result.params.numpy(), again.params.numpy())
