@@ -41,7 +41,7 @@ def interrupted(tmp_path, overrides, monkeypatch, fail_at_round=5, name="interru
     ["engine.backend=local", "algorithm.name=gradma", "algorithm.memory_size=10"],
     ["engine.backend=local", "algorithm.name=fedlalr", "algorithm.lr_local=0.002", "train.lr_decay=0.9",
      "train.interval=adaptive", "train.interval_unit=steps", "algorithm.vhat_agg=max"],
-    ["engine.backend=local", "algorithm.name=fedadam", "algorithm.bias_correction=true"],
+    ["engine.backend=local", "algorithm.name=fedadam", "algorithm.bias_correction=true", "selection.selector=acs"],
     ["engine.backend=local", "algorithm.name=fedavg", "train.round_policy=async_buffered", "train.buffer_size=4",
      "train.concurrency=9", "systems.step_time_spread=1.0", "train.staleness_weight=sqrt"],
 ])
