@@ -161,10 +161,13 @@ def test_check_path_accepts_long_but_legal_paths():
 
 @pytest.mark.parametrize("dataset, fitting", [
     ("synthetic", ["logreg", "mlp"]),
-    ("mnist", ["logreg", "mlp", "lenet5", "cnn8", "convmixer"]),
-    ("fashion_mnist", ["logreg", "mlp", "lenet5", "cnn8", "convmixer"]),
-    ("cifar10", ["logreg", "mlp", "lenet5", "vgg11", "cnn8", "convmixer"]),
-    ("cifar100", ["logreg", "mlp", "lenet5", "vgg11", "cnn8", "convmixer"]),
+    ("mnist", ["logreg", "mlp", "lenet5", "cnn8", "convmixer", "mnist_cnn", "cifar_cnn3fc", "cifar_cnn_ref"]),
+    ("fashion_mnist", ["logreg", "mlp", "lenet5", "cnn8", "convmixer", "mnist_cnn", "cifar_cnn3fc",
+                       "cifar_cnn_ref"]),
+    ("cifar10", ["logreg", "mlp", "lenet5", "vgg11", "cnn8", "convmixer", "mnist_cnn", "cifar_cnn3fc",
+                 "cifar_cnn_ref"]),
+    ("cifar100", ["logreg", "mlp", "lenet5", "vgg11", "cnn8", "convmixer", "mnist_cnn", "cifar_cnn3fc",
+                  "cifar_cnn_ref"]),
     ("digits", ["logreg", "mlp", "cnn8", "convmixer"]),
     ("shakespeare", ["char_lstm"]),
 ])

@@ -19,6 +19,9 @@ from rayfed.models import FlatModel, build_model
     ("lenet5", (3, 32, 32), 941_834),    # spec §5.3: d ~ 0.94M
     ("mlp", (1, 8, 8), 34_710),          # digits
     ("cnn8", (1, 8, 8), 13_802),
+    ("mnist_cnn", (1, 28, 28), 21_840),          # specs/fedmos.md §7.3, flatten 320
+    ("cifar_cnn3fc", (3, 32, 32), 62_006),       # flatten 400
+    ("cifar_cnn_ref", (3, 32, 32), 122_570),     # flatten 1024
 ])
 def test_parameter_counts(name, shape, expected):
     assert FlatModel(build_model(name, shape, 10)).num_params == expected

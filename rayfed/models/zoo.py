@@ -58,6 +58,59 @@ def lenet5(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     )
 
 
+def mnist_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """FedMoS's MNIST CNN (specs/fedmos.md §7.3, the authors' code): two 5x5 conv blocks of 10 and
+    20 channels, the second with Dropout2d, then FC 50 with dropout. d = 21,840 on 1x28x28."""
+    channels, height, width = _image_shape(input_shape)
+    side_h, side_w = _after_blocks(height, width, "mnist_cnn", (5, 2), (5, 2))
+    return nn.Sequential(
+        nn.Conv2d(channels, 10, 5), nn.MaxPool2d(2), nn.ReLU(),
+        nn.Conv2d(10, 20, 5), nn.Dropout2d(0.5), nn.MaxPool2d(2), nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(20 * side_h * side_w, 50), nn.ReLU(), nn.Dropout(0.5),
+        nn.Linear(50, num_classes),
+    )
+
+
+def cifar_cnn3fc(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """FedMoS's CIFAR model as its paper describes it (§7.3, "three fully connected layers"): the
+    classic LeNet-5, conv 6 and 16 channels, FC 120-84. d = 62,006 on 3x32x32."""
+    channels, height, width = _image_shape(input_shape)
+    side_h, side_w = _after_blocks(height, width, "cifar_cnn3fc", (5, 2), (5, 2))
+    return nn.Sequential(
+        nn.Conv2d(channels, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(16 * side_h * side_w, 120), nn.ReLU(),
+        nn.Linear(120, 84), nn.ReLU(),
+        nn.Linear(84, num_classes),
+    )
+
+
+def cifar_cnn_ref(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """FedMoS's CIFAR model as the authors' code has it (§7.3): three 3x3 convs of 32-64-64 channels
+    with dropout 0.2, FC 64. d = 122,570 on 3x32x32."""
+    channels, height, width = _image_shape(input_shape)
+    side_h, side_w = _after_blocks(height, width, "cifar_cnn_ref", (3, 2), (3, 2), (3, 1))
+    return nn.Sequential(
+        nn.Conv2d(channels, 32, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Dropout(0.2),
+        nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Dropout(0.2),
+        nn.Conv2d(64, 64, 3), nn.Dropout(0.2),
+        nn.Flatten(),
+        nn.Linear(64 * side_h * side_w, 64), nn.ReLU(),
+        nn.Linear(64, num_classes),
+    )
+
+
+def _after_blocks(height: int, width: int, name: str, *blocks: tuple[int, int]) -> tuple[int, int]:
+    """The image side after unpadded convs of the given kernels, each followed by pooling by the given factor."""
+    for kernel, pool in blocks:
+        height, width = (height - kernel + 1) // pool, (width - kernel + 1) // pool
+        if height < 1 or width < 1:
+            raise ConfigError(f"model.name={name} needs larger images")
+    return height, width
+
+
 class SpatialMean(nn.Module):
     """Global average pooling to 1x1, as AdaptiveAvgPool2d(1) computes it, but with a deterministic
     CUDA backward (AdaptiveAvgPool2d's uses atomic adds, which deterministic mode refuses)."""
@@ -151,7 +204,14 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
         return convmixer(input_shape, num_classes)
     if name == "char_lstm":
         return char_lstm(input_shape, num_classes)
-    raise ConfigError(f"model.name={name!r} is not one of: logreg, mlp, lenet5, vgg11, cnn8, convmixer, char_lstm")
+    if name == "mnist_cnn":
+        return mnist_cnn(input_shape, num_classes)
+    if name == "cifar_cnn3fc":
+        return cifar_cnn3fc(input_shape, num_classes)
+    if name == "cifar_cnn_ref":
+        return cifar_cnn_ref(input_shape, num_classes)
+    raise ConfigError(f"model.name={name!r} is not one of: logreg, mlp, lenet5, vgg11, cnn8, convmixer, char_lstm, "
+                      f"mnist_cnn, cifar_cnn3fc, cifar_cnn_ref")
 
 
 def _image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
