@@ -17,10 +17,8 @@ from rayfed.data.datasets import (DIGITS_CLASSES, DIGITS_IMAGE_SHAPE, DIGITS_SAM
                                   SYNTHETIC_DIMENSION)
 from rayfed.data.shakespeare import NUM_CHARACTERS, SEQUENCE_LENGTH
 from rayfed.errors import ConfigError, first_line
-from rayfed.models import build_model
+from rayfed.models import MODEL_NAMES, build_model
 
-MODEL_NAMES = ("logreg", "mlp", "lenet5", "vgg11", "cnn8", "convmixer", "char_lstm", "mnist_cnn", "cifar_cnn3fc",
-               "cifar_cnn_ref")
 FLOAT32_BYTES = 4
 FLOAT64_BYTES = 8
 LABEL_BYTES = 8

@@ -188,30 +188,20 @@ def char_lstm(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return CharLSTM(num_classes)
 
 
+# Every model but mlp is built from the input shape and the class count alone.
+_BUILDERS = {"logreg": logreg, "lenet5": lenet5, "vgg11": vgg11, "cnn8": cnn8, "convmixer": convmixer,
+             "char_lstm": char_lstm, "mnist_cnn": mnist_cnn, "cifar_cnn3fc": cifar_cnn3fc,
+             "cifar_cnn_ref": cifar_cnn_ref}
+MODEL_NAMES = ("logreg", "mlp", *(name for name in _BUILDERS if name != "logreg"))
+
+
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
                 hidden_sizes: list[int] = (200, 100)) -> nn.Module:
-    if name == "logreg":
-        return logreg(input_shape, num_classes)
     if name == "mlp":
         return mlp(input_shape, num_classes, list(hidden_sizes))
-    if name == "cnn8":
-        return cnn8(input_shape, num_classes)
-    if name == "lenet5":
-        return lenet5(input_shape, num_classes)
-    if name == "vgg11":
-        return vgg11(input_shape, num_classes)
-    if name == "convmixer":
-        return convmixer(input_shape, num_classes)
-    if name == "char_lstm":
-        return char_lstm(input_shape, num_classes)
-    if name == "mnist_cnn":
-        return mnist_cnn(input_shape, num_classes)
-    if name == "cifar_cnn3fc":
-        return cifar_cnn3fc(input_shape, num_classes)
-    if name == "cifar_cnn_ref":
-        return cifar_cnn_ref(input_shape, num_classes)
-    raise ConfigError(f"model.name={name!r} is not one of: logreg, mlp, lenet5, vgg11, cnn8, convmixer, char_lstm, "
-                      f"mnist_cnn, cifar_cnn3fc, cifar_cnn_ref")
+    if name not in _BUILDERS:
+        raise ConfigError(f"model.name={name!r} is not one of: {', '.join(MODEL_NAMES)}")
+    return _BUILDERS[name](input_shape, num_classes)
 
 
 def _image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:

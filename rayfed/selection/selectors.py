@@ -57,7 +57,7 @@ def _draw_columns(table: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     cumulative = np.cumsum(table, axis=0)
     uniforms = rng.random(table.shape[1]) * cumulative[-1]
     # The first row whose cumulative mass exceeds the uniform; rows of zero mass are never chosen.
-    return np.array([np.searchsorted(cumulative[:, m], uniforms[m], side="right") for m in range(table.shape[1])])
+    return (cumulative > uniforms).argmax(axis=0)
 
 
 def _first_and_counts(draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
