@@ -49,6 +49,10 @@ INTERVAL_UNITS = ("epochs", "steps")
 INTERVAL_DEFAULTS = {"interval_k_init": 4, "interval_k_alpha": 2.0, "interval_rounding": "floor",
                      "interval_unit": "epochs"}
 
+# CACS's warm-up (specs/fedmos.md §3.7): T_e = 4 rounds with every client, K = M clusters, then
+# training restarts from the initial model.
+CACS_DEFAULTS = {"cacs_warmup_rounds": 4, "cacs_clusters": None, "cacs_continue_from_warmup": False}
+
 # Bounds far above any real run, so that a typo fails here instead of exhausting memory or
 # overflowing later: counts of clients, rounds, steps and samples...
 MAX_COUNT = 10**7
@@ -207,6 +211,13 @@ class AlgorithmConfig(_Section):
     vhat_agg: Optional[_Text] = None
     correction: Optional[_Text] = None
     trace_v_hat: Optional[_Flag] = None
+    a: Optional[_number(le=None)] = None
+    init_grad: Optional[_Text] = None
+    init_batch: Optional[_count(le=MAX_COUNT)] = None
+    client_estimator: Optional[_Text] = None
+    minibatches: Optional[_Text] = None
+    server_momentum_skip_round0: Optional[_Flag] = None
+    momentum_weights: Optional[_Text] = None
     agg_weighting: Literal[AGG_WEIGHTINGS] = "uniform"
 
 
@@ -273,6 +284,10 @@ class EngineConfig(_Section):
 class SelectionConfig(_Section):
     selector: Literal[SELECTORS] = "uniform"
     ucs_variant: Literal[UCS_VARIANTS] = "paper"
+    # cacs only (specs/fedmos.md §3.7); None: not set, CACS_DEFAULTS when selector=cacs.
+    cacs_warmup_rounds: Optional[_count(ge=0)] = None
+    cacs_clusters: Optional[_count(gt=0)] = None      # K; default M = train.clients_per_round
+    cacs_continue_from_warmup: Optional[_Flag] = None
 
 
 class LoggingConfig(_Section):
@@ -390,10 +405,16 @@ def _check_combinations(config: Config) -> None:
 def _check_selection(config: Config) -> None:
     """A selector other than uniform weights the round's clients itself (specs/fedmos.md §3.4): the
     combinations where those weights are not defined are refused."""
-    selector, algorithm = config.selection.selector, config.algorithm.name
+    selection = config.selection
+    selector, algorithm = selection.selector, config.algorithm.name
+    for key, default in CACS_DEFAULTS.items():
+        if selector != "cacs" and getattr(selection, key) is not None:
+            raise ConfigError(f"selection.{key} only applies to selection.selector=cacs")
+        if selector == "cacs" and getattr(selection, key) is None:
+            setattr(selection, key, config.train.clients_per_round if key == "cacs_clusters" else default)
+    if selector != "ucs" and selection.ucs_variant != "paper":
+        raise ConfigError("selection.ucs_variant only applies to selection.selector=ucs")
     if selector == "uniform":
-        if config.selection.ucs_variant != "paper":
-            raise ConfigError("selection.ucs_variant only applies to selection.selector=ucs")
         return
     if config.train.round_policy != "sync":
         raise ConfigError(f"selection.selector={selector} needs train.round_policy=sync: dropping or adding "

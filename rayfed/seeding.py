@@ -21,6 +21,7 @@ class Purpose(IntEnum):
     AVAILABILITY = 8
     AUGMENT = 9
     SHAKESPEARE_CLIENTS = 10
+    SELECTION_WARMUP = 11
 
 
 def derive_seed(seed: int, purpose: Purpose, round: int = 0, client_id: int = 0) -> int:

@@ -15,6 +15,7 @@ class LeastSquaresTask:
         self.position = 0
         self.steps = steps
         self.lr_factor = 1.0
+        self.draws = torch.Generator().manual_seed(2000 + client_id)
 
     def start_from(self, params):
         self.params.copy_(params)
@@ -25,10 +26,21 @@ class LeastSquaresTask:
         self.position += self.batch_size
         return self.A[rows], self.b[rows]
 
+    def draw_batch(self, size=None):
+        rows = torch.randperm(self.num_samples, generator=self.draws)[:size or self.batch_size]
+        return self.A[rows], self.b[rows]
+
     def loss_and_grad(self, params, batch):
         A, b = batch
         residual = A @ params - b
         return (0.5 * residual.pow(2).mean()).detach(), A.T @ residual / len(b)
+
+    def paired_loss_and_grad(self, current, previous, batch):
+        loss, grad = self.loss_and_grad(current, batch)
+        return loss, grad, self.loss_and_grad(previous, batch)[1]
+
+    def full_loss_and_grad(self, params):
+        return self.loss_and_grad(params, (self.A, self.b))
 
     def decay(self, params, lr):
         pass
@@ -48,8 +60,10 @@ def make(name, param_blocks=((0, 2), (2, DIM)), **hyper):
     """The registered algorithm `name` with lr_local 0.1, lr_global 0.7 unless given, defaults otherwise."""
     from rayfed.algorithms.registry import build_algorithm, resolve_hyperparameters
     from rayfed.config import AlgorithmConfig
-    config = AlgorithmConfig(name=name, lr_local=hyper.pop("lr_local", 0.1), lr_global=hyper.pop("lr_global", 0.7),
-                             **hyper)
+    from rayfed.algorithms.registry import ALGORITHMS
+    default_global = 0.7 if ALGORITHMS[name].server_lr else 1.0
+    config = AlgorithmConfig(name=name, lr_local=hyper.pop("lr_local", 0.1),
+                             lr_global=hyper.pop("lr_global", default_global), **hyper)
     resolve_hyperparameters(config)
     return build_algorithm(config, param_blocks=list(param_blocks))
 

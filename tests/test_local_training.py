@@ -114,7 +114,7 @@ def test_c18_the_worker_trains_round_t_with_gamma_to_the_t(tmp_path):
     worker = ClientWorker(config, (dataset.train_x, dataset.train_y), partition, dataset.input_shape,
                           dataset.num_classes)
     for round in (0, 1, 7):
-        task = worker._training_task(worker._client_task(round, 3), round, 40)
+        task = worker._training_task(worker._client_task(round, 3, config.seed), round, 40)
         assert task.lr_factor == 0.9 ** round and task.steps == 5
         assert (task.weight_decay, task.decoupled, task.max_grad_norm) == (0.01, True, 2.0)
 

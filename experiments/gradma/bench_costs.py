@@ -34,10 +34,10 @@ class NaiveGramMemory(GradientMemory):
         return self.naive_gram()
 
 
-def make_algorithm(name, local_steps=5, blocks=None, **hyper):
+def make_algorithm(name, blocks=None, **hyper):
     config = AlgorithmConfig(name=name, lr_local=0.01, lr_global=1.0, **hyper)
     resolve_hyperparameters(config)
-    return build_algorithm(config, local_steps, blocks or [])
+    return build_algorithm(config, blocks or [])
 
 
 def median_seconds(action, repeats):

@@ -35,6 +35,19 @@ class ClientTask(Protocol):
         anywhere else the resident model, its statistics included, is left as it was.
         The gradient is a reused buffer, valid until the next call."""
 
+    def draw_batch(self, size: int | None = None) -> Batch:
+        """`size` samples (default the batch size) drawn without replacement, independently of the
+        other draws: the minibatches of specs/fedmos.md A19, whose estimator needs each fresh batch
+        unbiased given the past (next_batch's epochs are not)."""
+
+    def paired_loss_and_grad(self, current: Tensor, previous: Tensor, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
+        """loss_and_grad at `current`, and the gradient at `previous` on the same batch with the same
+        dropout masks (a STORM step's two evaluations, specs/fedmos.md T8). Both gradients are fresh
+        tensors or buffers valid until the next call."""
+
+    def full_loss_and_grad(self, params: Tensor) -> tuple[Tensor, Tensor]:
+        """The mean loss and its gradient over all the client's samples at `params`, in train mode."""
+
     def decay(self, params: Tensor, lr: float) -> None:
         """Decoupled weight decay of a step with learning rate `lr`, in place, after the step's
         direction is taken and before it is applied (a no-op unless train.weight_decay_mode=decoupled)."""

@@ -99,15 +99,30 @@ class TrainingTask:
     def next_batch(self) -> Batch:
         return self.task.next_batch()
 
+    def draw_batch(self, size: int | None = None) -> Batch:
+        return self.task.draw_batch(size)
+
     def loss_and_grad(self, params: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
         loss, grad = self.task.loss_and_grad(params, batch)
+        return loss, self._regularised(grad, params)
+
+    def paired_loss_and_grad(self, current: Tensor, previous: Tensor, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
+        loss, grad, previous_grad = self.task.paired_loss_and_grad(current, previous, batch)
+        return loss, self._regularised(grad, current), self._regularised(previous_grad, previous)
+
+    def full_loss_and_grad(self, params: Tensor) -> tuple[Tensor, Tensor]:
+        loss, grad = self.task.full_loss_and_grad(params)
+        return loss, self._regularised(grad, params)
+
+    def _regularised(self, grad: Tensor, params: Tensor) -> Tensor:
+        """`grad`, in place, clipped and then with coupled weight decay."""
         if self.max_grad_norm is not None:
             # Per client: a stack of clients (engine.vectorize) has one gradient per row.
             norm = grad.norm(dim=-1, keepdim=True)
             grad.mul_((self.max_grad_norm / (norm + CLIP_EPS)).clamp(max=1.0))
         if self.weight_decay and not self.decoupled:
             grad.add_(params, alpha=self.weight_decay)
-        return loss, grad
+        return grad
 
     def decay(self, params: Tensor, lr: float) -> None:
         if self.weight_decay and self.decoupled:

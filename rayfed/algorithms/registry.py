@@ -13,10 +13,13 @@ from pydantic import Field, TypeAdapter, ValidationError
 from rayfed.algorithms.base import Algorithm
 from rayfed.algorithms.fedavg import FedAvgM
 from rayfed.algorithms.fedlalr import FedLALR
+from rayfed.algorithms.fedmos import INIT_GRADS, FedMoS
 from rayfed.algorithms.fedopt import FedOpt
 from rayfed.algorithms.gradma import GradMA
 from rayfed.algorithms.lafedopt import LaFedOPT
 from rayfed.algorithms.mifa import MIFA
+from rayfed.algorithms.stem import MOMENTUM_WEIGHTS, STEM
+from rayfed.algorithms.storm import ESTIMATORS, MINIBATCHES
 from rayfed.errors import ConfigError
 
 # Keys of AlgorithmConfig that every algorithm takes; the others are per-algorithm.
@@ -24,6 +27,7 @@ COMMON_KEYS = ("name", "lr_local", "lr_global", "agg_weighting")
 # Far above any useful value; a bound keeps a typo like 1e30 from overflowing the updates.
 MAX_COEFFICIENT = 1e6
 MAX_MEMORY_SIZE = 10**7
+MAX_INIT_BATCH = 10**7
 # The smallest normal float32: FedLALR's v_hat starts at eps^2 and must stay a normal number.
 MIN_NORMAL_FLOAT32 = 1.1754943508222875e-38
 
@@ -50,6 +54,13 @@ HYPERPARAMETERS: dict[str, Any] = {
     "vhat_agg": Literal["mean", "max"],
     "correction": Literal["joint", "local"],
     "trace_v_hat": bool,
+    "a": Annotated[float, Field(gt=0.0, le=1.0)],
+    "init_grad": Literal[INIT_GRADS],
+    "init_batch": Annotated[int, Field(ge=1, le=MAX_INIT_BATCH)],
+    "client_estimator": Literal[ESTIMATORS],
+    "minibatches": Literal[MINIBATCHES],
+    "server_momentum_skip_round0": bool,
+    "momentum_weights": Literal[MOMENTUM_WEIGHTS],
 }
 _CHECKERS = {key: TypeAdapter(declared) for key, declared in HYPERPARAMETERS.items()}
 
@@ -67,6 +78,10 @@ class AlgorithmEntry:
 _FEDLALR = {"beta1": 0.9, "beta2": 0.995, "eps": 1e-8, "eps_mode": "init", "bias_correction": False}
 _FEDADAM = {"beta1": 0.9, "beta2": 0.99, "tau": 0.01, "bias_correction": False}
 _FEDAMS = {"beta1": 0.9, "beta2": 0.99, "bias_correction": False}
+
+# specs/fedmos.md §7.4: the authors' run.sh values.
+_FEDMOS = {"a": 0.1, "mu": 0.001, "beta1": 0.8, "init_grad": "full", "init_batch": None,
+           "client_estimator": "storm_paper", "minibatches": "independent", "server_momentum_skip_round0": False}
 
 _QP_LOCAL = {"anchor_mode": "last_local", "qp_scope": "model", "qp_margin_local": 0.0}
 _QP_GLOBAL = {"beta1": 0.5, "beta2": 0.5, "memory_size": 100, "qp_scope": "model", "qp_margin_global": 0.0}
@@ -91,7 +106,11 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
     "fedams_v1": AlgorithmEntry(FedOpt, {**_FEDAMS, "eps": 1e-4}, {"server_optimizer": "ams_v1"}),
     "fedams_v2": AlgorithmEntry(FedOpt, {**_FEDAMS, "eps": 1e-2}, {"server_optimizer": "ams_v2"}),
     "lafedopt": AlgorithmEntry(LaFedOPT, {"beta1": 0.8, "beta2": 0.999, "eps": 1e-4, "correction": "joint"}),
+    "fedmos": AlgorithmEntry(FedMoS, _FEDMOS, server_lr=False),
+    "stem": AlgorithmEntry(STEM, {"a": 0.1, "minibatches": "independent", "momentum_weights": "ucs"}, server_lr=False),
 }
+# Algorithms whose server step needs the round's local-step count and learning-rate decay (train.*).
+_TRAIN_AWARE = (FedMoS,)
 
 
 def resolve_hyperparameters(algorithm_config) -> None:
@@ -100,7 +119,7 @@ def resolve_hyperparameters(algorithm_config) -> None:
     entry = ALGORITHMS[algorithm_config.name]
     if not entry.server_lr and algorithm_config.lr_global != 1.0:
         raise ConfigError(f"algorithm.lr_global does not apply to {algorithm_config.name}, which has no server "
-                          f"learning rate (its clients' models, moments are averaged)")
+                          f"learning rate")
     if not entry.weighted and algorithm_config.agg_weighting != "uniform":
         raise ConfigError(f"algorithm.agg_weighting={algorithm_config.agg_weighting} does not apply to "
                           f"{algorithm_config.name}, which averages the latest updates of all clients")
@@ -149,7 +168,9 @@ def _number(value) -> str:
     return f"{mantissa}e{int(exponent)}" if exponent else mantissa
 
 
-def build_algorithm(algorithm_config, param_blocks: list[tuple[int, int]]) -> Algorithm:
+def build_algorithm(algorithm_config, param_blocks: list[tuple[int, int]], train=None) -> Algorithm:
+    """The configured algorithm; `train` (the config's train section) gives FedMoS the I and the
+    decay of its server normalisation eta_t I (without it, I = 1 and no decay: only u's scale changes)."""
     entry = ALGORITHMS[algorithm_config.name]
     arguments = {key: getattr(algorithm_config, key) for key in entry.defaults}
     arguments.update(entry.fixed)
@@ -157,4 +178,7 @@ def build_algorithm(algorithm_config, param_blocks: list[tuple[int, int]]) -> Al
         arguments["agg_weighting"] = algorithm_config.agg_weighting
     if entry.build is GradMA:
         arguments["param_blocks"] = param_blocks
+    if entry.build in _TRAIN_AWARE and train is not None:
+        arguments["local_steps"] = train.local_epochs or train.local_steps
+        arguments["lr_decay"] = train.lr_decay
     return entry.build(lr_local=algorithm_config.lr_local, lr_global=algorithm_config.lr_global, **arguments)

@@ -66,6 +66,22 @@ def play_round(engine: Engine, round: int, clients_keep_state: bool, faults: Fau
     return metrics
 
 
+def warm_up_selection(engine: Engine, clients_keep_state: bool) -> dict:
+    """CACS's warm-up (specs/fedmos.md §3.7), before round 0: rounds in which every client trains,
+    then every client's full local gradient at the model they reached, from which the server orders
+    the clients. Client states it changes are discarded. Returns the server's account of it."""
+    clients, rounds = engine.get(engine.server.begin_warmup())
+    per_worker = assign_to_workers(clients, len(engine.workers), clients_keep_state)
+    for round in range(rounds):
+        down = engine.server.broadcast()
+        results = engine.get([engine.workers[w].warmup_train(round, down, ids) for w, ids in per_worker.items()])
+        engine.get([engine.workers[w].discard() for w in per_worker])
+        engine.get(engine.server.warmup_step(round, *results))
+    down = engine.server.broadcast()
+    gradients = engine.get([engine.workers[w].full_gradients(rounds, down, ids) for w, ids in per_worker.items()])
+    return engine.get(engine.server.finish_warmup(*gradients))
+
+
 def enact_due(engine: Engine, faults: FaultSchedule, target: int, round: int, moment: str) -> None:
     for fault in faults.due(target, round, moment):
         engine.enact(target, fault)

@@ -78,6 +78,12 @@ class RayClientWorker:
         fetching its uploads (which go to the server actor directly)."""
         return True, self.attached().train(round, down, client_ids)
 
+    def warmup_train(self, round: int, down, client_ids: list[int]):
+        return self.attached().warmup_train(round, down, client_ids)
+
+    def full_gradients(self, round: int, down, client_ids: list[int]):
+        return self.attached().full_gradients(round, down, client_ids)
+
     def commit(self) -> None:
         self.attached().commit()
 

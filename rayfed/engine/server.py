@@ -2,6 +2,7 @@
 clients, folds the uploads in with the algorithm, and evaluates the global model."""
 from __future__ import annotations
 
+import copy
 import math
 import time
 
@@ -18,7 +19,7 @@ from rayfed.engine.process_memory import peak_rss
 from rayfed.engine.worker import as_tensor, device_for, tensors_to, threads_per_process
 from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, derive_seed, numpy_rng
-from rayfed.selection import select
+from rayfed.selection import ClientOrder, cluster_order, select
 from rayfed.systems.async_buffer import AsyncBuffer
 from rayfed.systems.clients import ClientSystems
 from rayfed.systems.policy import RoundPlan, plan_round
@@ -36,7 +37,7 @@ class Server:
         torch.manual_seed(derive_seed(config.seed, Purpose.MODEL_INIT))
         self.model = FlatModel(build_model(config.model.name, input_shape, num_classes,
                                            config.model.hidden_sizes), self.device)
-        self.algorithm = build_algorithm(config.algorithm, self.model.blocks)
+        self.algorithm = build_algorithm(config.algorithm, self.model.blocks, config.train)
         self.schedule = LocalSchedule.from_config(config.train)
         self.state = self.algorithm.server_init(self.model.params.clone(), config.data.num_clients)
         self.buffers = self.model.buffers.clone()
@@ -56,6 +57,11 @@ class Server:
         self.broadcast_sent_at = time.time()
         # The selector's aggregation weights of this round's clients (set by sample()); None: uniform selection.
         self.round_weights: dict[int, float] | None = None
+        # selection.selector=cacs: the clients' order from the warm-up (None until it ran), what the
+        # warm-up cost, and the server as it was before it while it runs.
+        self.client_order: ClientOrder | None = None
+        self.warmup_summary: dict | None = None
+        self.before_warmup: tuple | None = None
 
     def sample(self, round: int) -> list[int]:
         """The clients to train this round. The selector (selection.selector) chooses among the clients
@@ -74,8 +80,9 @@ class Server:
             wanted = self.async_buffer.free_slots
         self.num_online = len(online)
         rng = numpy_rng(self.config.seed, Purpose.SAMPLE_CLIENTS, round)
+        order = self.client_order.order if self.client_order is not None else None
         selection = select(self.config.selection.selector, online, self.client_systems.client_sizes[online], wanted,
-                           rng, self.config.selection.ucs_variant)
+                           rng, self.config.selection.ucs_variant, order)
         sampled = selection.clients
         self.round_weights = (None if selection.weights is None
                               else dict(zip(sampled.tolist(), selection.weights.tolist())))
@@ -201,10 +208,74 @@ class Server:
         finished_at = max([self.virtual_time_s, *(arrival.arrival_s for arrival in arrivals)])
         return counted, [arrival.client_id for arrival in arrivals], extra, finished_at
 
+    def needs_warmup(self) -> bool:
+        return self.config.selection.selector == "cacs" and self.client_order is None
+
+    def begin_warmup(self) -> tuple[list[int], int]:
+        """CACS's warm-up (specs/fedmos.md §3.7): (every client, the number of warm-up rounds). They
+        train from the initial model, whoever is online and however slow, weighted by importance
+        p_i; a warm-up begun again (a worker died in it) starts over from the same model."""
+        if self.before_warmup is None:
+            self.before_warmup = copy.deepcopy((self.state, self.buffers))
+        self.state, self.buffers = copy.deepcopy(self.before_warmup)
+        self.warmup_losses: list[float] = []
+        self.warmup_bytes = [0, 0]
+        return list(range(self.config.data.num_clients)), self.config.selection.cacs_warmup_rounds
+
+    def warmup_step(self, round: int, *worker_results: WorkerResult) -> None:
+        """One warm-up round: every client's upload, weighted by p_i = D_i / sum_j D_j."""
+        trained = sorted((r for packed in worker_results for r in packed.to(self.device).unpack()),
+                         key=lambda r: r.client_id)
+        sizes = self.client_systems.client_sizes
+        weights = {r.client_id: float(sizes[r.client_id] / sizes.sum()) for r in trained}
+        self.warmup_bytes[1] += self._broadcast().nbytes * len(trained)
+        self.warmup_bytes[0] += sum(r.nbytes for r in trained)
+        self.state, _ = self.algorithm.server_step(
+            self.state, {r.client_id: r.upload for r in trained},
+            RoundInfo(round=round, sampled=tuple(weights), num_clients=self.config.data.num_clients, weights=weights))
+        if self.buffers.numel():
+            self.buffers = _weighted_buffers(trained)
+        self.warmup_losses.append(float(np.mean([r.upload.metrics["train_loss"] for r in trained])))
+
+    def finish_warmup(self, *gradient_blocks: tuple[list[int], Tensor]) -> dict:
+        """Clusters the clients by their full local gradients at the warm-up's model, fixes the order
+        the selector fills its draws in, and goes back to the initial model (unless
+        selection.cacs_continue_from_warmup). Returns what the warm-up did, for summary.json."""
+        num_clients = self.config.data.num_clients
+        gradients = torch.zeros(num_clients, self.model.num_params, dtype=torch.float64)
+        for clients, block in gradient_blocks:
+            gradients[clients] = block.double()
+        selection = self.config.selection
+        self.client_order = cluster_order(gradients.numpy(), self.client_systems.client_sizes,
+                                          selection.cacs_clusters)
+        if not selection.cacs_continue_from_warmup:
+            self.state, self.buffers = self.before_warmup
+        self.before_warmup = None
+        sizes = np.bincount(self.client_order.labels)
+        self.warmup_summary = {
+            "rounds": selection.cacs_warmup_rounds,
+            "client_rounds": selection.cacs_warmup_rounds * num_clients,
+            "train_loss": self.warmup_losses,
+            "bytes_up": self.warmup_bytes[0] + num_clients * self.model.num_params * self.model.params.element_size(),
+            "bytes_down": self.warmup_bytes[1] + num_clients * self._broadcast().nbytes,
+            "clusters": len(sizes),
+            "cluster_sizes": sizes.tolist(),
+        }
+        return self.warmup_summary
+
+    def warmup_report(self) -> dict | None:
+        return self.warmup_summary
+
     def snapshot(self) -> dict:
-        """The server's part of a checkpoint (see rayfed/checkpoint.py), on the CPU."""
-        return tensors_to({"state": self.state, "buffers": self.buffers, "virtual_time_s": self.virtual_time_s,
-                           "upload_bytes": self.upload_bytes, "async_buffer": self.async_buffer},
+        """The server's part of a checkpoint (see rayfed/checkpoint.py), on the CPU; in the middle of
+        CACS's warm-up, the server as it was before it."""
+        state, buffers = self.before_warmup if self.before_warmup is not None else (self.state, self.buffers)
+        return tensors_to({"state": state, "buffers": buffers, "virtual_time_s": self.virtual_time_s,
+                           "upload_bytes": self.upload_bytes, "async_buffer": self.async_buffer,
+                           "client_order": None if self.client_order is None else
+                           {"order": torch.from_numpy(self.client_order.order),
+                            "labels": torch.from_numpy(self.client_order.labels)},
+                           "warmup_summary": self.warmup_summary},
                           torch.device("cpu"))
 
     def restore(self, snapshot: dict) -> None:
@@ -214,6 +285,11 @@ class Server:
         self.virtual_time_s = snapshot["virtual_time_s"]
         self.upload_bytes = snapshot["upload_bytes"]
         self.async_buffer = snapshot["async_buffer"]
+        order = snapshot["client_order"]
+        self.client_order = None if order is None else ClientOrder(order["order"].cpu().numpy(),
+                                                                   order["labels"].cpu().numpy())
+        self.warmup_summary = snapshot["warmup_summary"]
+        self.before_warmup = None
 
     def evaluate(self) -> tuple[float, float]:
         self.model.params.copy_(self.global_params())

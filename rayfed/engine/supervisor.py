@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from rayfed.checkpoint import Checkpoint, config_sha256, has_checkpoint, read_checkpoint, write_checkpoint
 from rayfed.config import Config
-from rayfed.engine.loop import Engine, ServerLost, WorkerLost, enact_due, play_round
+from rayfed.engine.loop import Engine, ServerLost, WorkerLost, enact_due, play_round, warm_up_selection
 from rayfed.engine.worker import client_owner
 from rayfed.errors import RunStopped
 from rayfed.faults import SERVER, FaultSchedule
@@ -77,6 +77,8 @@ class Supervisor:
 
     def _play_to_the_end(self) -> dict:
         clients_keep_state = self.engine.get(self.engine.server.clients_keep_state())
+        if self.engine.get(self.engine.server.needs_warmup()):
+            self._warm_up(clients_keep_state)
         while len(self.history) < self.config.train.rounds:
             self._play(len(self.history), clients_keep_state)
         return self._final_state()
@@ -103,6 +105,17 @@ class Supervisor:
             self._checkpoint()
         for worker in range(len(self.engine.workers)):
             enact_due(self.engine, self.faults, worker, round, "idle")
+
+    def _warm_up(self, clients_keep_state: bool) -> None:
+        """The selector's warm-up; it starts over when a worker dies in it."""
+        while True:
+            try:
+                warm_up_selection(self.engine, clients_keep_state)
+                return
+            except WorkerLost as lost:
+                self.revived_between_rounds.append(self._revive(lost.workers))
+                if self.gone_workers:
+                    raise WorkersGone() from None
 
     def _all_rounds_done(self) -> bool:
         return len(self.history) == self.config.train.rounds
@@ -241,7 +254,8 @@ class Supervisor:
                 "server_state_bytes": engine.get(engine.server.state_bytes()),
                 "client_state_bytes": client_state_bytes,
                 "peaks": [engine.get(engine.server.peak_rss()), *worker_peaks],
-                "server_restarts": self.server_restarts}
+                "server_restarts": self.server_restarts,
+                "selection_warmup": engine.get(engine.server.warmup_report())}
 
 
 def _check_finite(metrics: dict, config: Config, run_dir: Path) -> None:

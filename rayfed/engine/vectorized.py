@@ -21,6 +21,8 @@ from rayfed.models import FlatModel
 # Layers whose behaviour couples a client's samples or draws randomness: vmap cannot keep
 # per-client BatchNorm statistics or reproduce each client's dropout stream.
 _UNVECTORIZABLE_LAYERS = (nn.modules.batchnorm._NormBase, nn.modules.dropout._DropoutNd)
+# Samples per forward pass of a full local gradient: bounds its memory whatever a client holds.
+FULL_GRADIENT_CHUNK = 1024
 
 
 def vectorize_blocker(algorithm_name: str, algorithm: Algorithm, module: nn.Module,
@@ -55,12 +57,17 @@ class ClientBatchTask:
     def next_batch(self) -> tuple[Tensor, Tensor, Tensor]:
         """Every client's next minibatch, padded to the longest with weight-0 rows: clients whose
         sample counts leave a shorter last batch of an epoch still train on exactly their own rows."""
-        rows = [task.next_rows() for task in self.client_tasks]
+        return self._stacked([task.next_rows() for task in self.client_tasks])
+
+    def draw_batch(self, size: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        return self._stacked([task.draw_rows(size) for task in self.client_tasks])
+
+    def _stacked(self, rows: list[Tensor], augment: bool = True) -> tuple[Tensor, Tensor, Tensor]:
         padded = pad_sequence(rows, batch_first=True)       # padding: row 0 of the dataset, weighted 0
         lengths = torch.tensor([r.shape[0] for r in rows], device=padded.device)
         weights = torch.arange(padded.shape[1], device=padded.device) < lengths[:, None]
         task = self.client_tasks[0]
-        if task.augment_generator is None:
+        if task.augment_generator is None or not augment:
             inputs = task.train_x[padded]
         else:
             # Each client augments only its own rows, from its own stream, as it would training alone.
@@ -70,6 +77,28 @@ class ClientBatchTask:
     def loss_and_grad(self, params: Tensor, batch: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         grads, losses = self.per_client_grad(params, *batch)
         return losses.detach(), grads
+
+    def paired_loss_and_grad(self, current: Tensor, previous: Tensor,
+                             batch: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        # No dropout here (vectorize_blocker): the two passes differ only in where they are taken.
+        loss, grad = self.loss_and_grad(current, batch)
+        return loss, grad, self.loss_and_grad(previous, batch)[1]
+
+    def full_loss_and_grad(self, params: Tensor) -> tuple[Tensor, Tensor]:
+        """Each client's mean loss and gradient over all its samples, FULL_GRADIENT_CHUNK columns at a time."""
+        rows = [task.sample_indices for task in self.client_tasks]
+        counts = torch.tensor([len(r) for r in rows], device=params.device, dtype=params.dtype)
+        loss_sum = torch.zeros(len(rows), dtype=torch.float64, device=params.device)
+        grad_sum = torch.zeros_like(params)
+        for start in range(0, max(len(r) for r in rows), FULL_GRADIENT_CHUNK):
+            chunk = [r[start:start + FULL_GRADIENT_CHUNK] for r in rows]
+            present = [i for i, c in enumerate(chunk) if len(c)]
+            inputs, targets, weights = self._stacked([chunk[i] for i in present], augment=False)
+            losses, grads = self.loss_and_grad(params[present], (inputs, targets, weights))
+            sizes = weights.sum(dim=1)
+            loss_sum[present] += losses.double() * sizes.double()
+            grad_sum[present] += grads * sizes[:, None]
+        return (loss_sum / counts.double()).float(), grad_sum.div_(counts[:, None])
 
     def _loss(self, flat: Tensor, inputs: Tensor, targets: Tensor, weights: Tensor) -> Tensor:
         named, offset = {}, 0

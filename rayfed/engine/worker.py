@@ -20,7 +20,7 @@ from rayfed.data.augment import random_crop_flip
 from rayfed.data.partition import Partition
 from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult, WorkerTiming
 from rayfed.engine.process_memory import peak_rss
-from rayfed.engine.vectorized import ClientBatchTask
+from rayfed.engine.vectorized import FULL_GRADIENT_CHUNK, ClientBatchTask
 from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, derive_seed, seed_global_torch, torch_generator
 
@@ -105,6 +105,17 @@ class ClientTask:
         self.position = stop
         return self.sample_indices[chosen]
 
+    def draw_batch(self, size: int | None = None) -> Batch:
+        rows = self.draw_rows(size)
+        return self.inputs(rows), self.train_y[rows]
+
+    def draw_rows(self, size: int | None = None) -> Tensor:
+        """`size` samples (default the batch size) drawn without replacement, independently of every
+        other draw (specs/fedmos.md A19), from the same stream as next_rows."""
+        chosen = torch.randperm(self.num_samples, generator=self.generator)[:min(size or self.batch_size,
+                                                                                 self.num_samples)]
+        return self.sample_indices[chosen.to(self.sample_indices.device)]
+
     def loss_and_grad(self, params: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
         if params is self.model.params:
             return self.model.loss_and_grad(*batch)
@@ -115,6 +126,30 @@ class ClientTask:
         self.model.params.copy_(resident_params)
         self.model.buffers.copy_(resident_buffers)
         return loss, grad
+
+    def paired_loss_and_grad(self, current: Tensor, previous: Tensor, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
+        """The loss and gradient at `current` and the gradient at `previous` on the same batch with
+        the same dropout masks (specs/fedmos.md T8): the dropout stream is rewound between the two
+        passes, and ends where one pass would have left it."""
+        devices = [self.model.device] if self.model.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            loss, grad = self.loss_and_grad(current, batch)
+            grad = grad.clone()
+        previous_grad = self.loss_and_grad(previous, batch)[1]
+        return loss, grad, previous_grad
+
+    def full_loss_and_grad(self, params: Tensor) -> tuple[Tensor, Tensor]:
+        """The mean loss and its gradient over all the client's samples (not augmented), in train mode,
+        in chunks of FULL_GRADIENT_CHUNK; BatchNorm statistics are left as they were."""
+        resident_buffers = self.model.buffers.clone()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=params.device)
+        grad_sum = torch.zeros_like(params)
+        for rows in self.sample_indices.split(FULL_GRADIENT_CHUNK):
+            loss, grad = self.loss_and_grad(params, (self.train_x[rows], self.train_y[rows]))
+            loss_sum += loss.double() * len(rows)
+            grad_sum.add_(grad, alpha=len(rows))
+        self.model.buffers.copy_(resident_buffers)
+        return (loss_sum / self.num_samples).float(), grad_sum.div_(self.num_samples)
 
 
 class ClientWorker:
@@ -134,7 +169,7 @@ class ClientWorker:
         torch.manual_seed(0)    # the architecture's own init is overwritten by every broadcast
         self.model = FlatModel(build_model(config.model.name, input_shape, num_classes,
                                            config.model.hidden_sizes), self.device)
-        self.algorithm = build_algorithm(config.algorithm, self.model.blocks)
+        self.algorithm = build_algorithm(config.algorithm, self.model.blocks, config.train)
         self.schedule = LocalSchedule.from_config(config.train)
         # Created on a client's first participation, so clients that never train cost nothing.
         self.client_states: dict[int, Any] = {}
@@ -143,27 +178,50 @@ class ClientWorker:
         self.pending_states: dict[int, Any] = {}
 
     def train(self, round: int, down: Broadcast, client_ids: list[int]) -> WorkerResult:
+        return self._train(round, down, client_ids, self.config.seed)
+
+    def warmup_train(self, round: int, down: Broadcast, client_ids: list[int]) -> WorkerResult:
+        """A round of the selector's warm-up (selection.selector=cacs), whose random streams are its own."""
+        return self._train(round, down, client_ids, self._warmup_seed())
+
+    def _train(self, round: int, down: Broadcast, client_ids: list[int], seed: int) -> WorkerResult:
         started_at, started = time.time(), time.perf_counter()
         tensors = {name: t.to(self.device) for name, t in down.tensors.items()}
         buffers = down.buffers.to(self.device)
         if self.config.engine.vectorize:
-            upload = self._train_clients_together(round, client_ids, tensors)
+            upload = self._train_clients_together(round, client_ids, tensors, seed)
             trained = time.perf_counter()
             packed = WorkerResult.from_stacked(client_ids, upload, buffers)
         else:
-            results = [self._train_client(round, client_id, tensors, buffers) for client_id in client_ids]
+            results = [self._train_client(round, client_id, tensors, buffers, seed) for client_id in client_ids]
             trained = time.perf_counter()
             packed = WorkerResult.pack(results)
         packed.timing = WorkerTiming(started_at, trained - started, time.perf_counter() - trained, time.time())
         return packed
 
-    def _train_client(self, round: int, client_id: int, tensors: dict[str, Tensor], buffers: Tensor) -> ClientResult:
+    def full_gradients(self, round: int, down: Broadcast, client_ids: list[int]) -> tuple[list[int], Tensor]:
+        """Each of `client_ids`'s full local gradient at the broadcast model (CACS's warm-up,
+        specs/fedmos.md §3.7), stacked in that order, with dropout from the warm-up's streams of `round`."""
+        seed = self._warmup_seed()
+        params = down.tensors["params"].to(self.device)
+        self.model.buffers.copy_(down.buffers.to(self.device))
+        gradients = []
+        for client_id in client_ids:
+            seed_global_torch(derive_seed(seed, Purpose.DROPOUT, round, client_id), self.device)
+            gradients.append(self._client_task(round, client_id, seed).full_loss_and_grad(params)[1].cpu())
+        return client_ids, torch.stack(gradients)
+
+    def _warmup_seed(self) -> int:
+        return derive_seed(self.config.seed, Purpose.SELECTION_WARMUP)
+
+    def _train_client(self, round: int, client_id: int, tensors: dict[str, Tensor], buffers: Tensor,
+                      seed: int) -> ClientResult:
         if self.algorithm.keeps_client_state and client_owner(client_id, self.num_workers) != self.worker_index:
             raise ValueError(f"client {client_id} keeps its state on worker "
                              f"{client_owner(client_id, self.num_workers)}, not {self.worker_index}")
-        seed_global_torch(derive_seed(self.config.seed, Purpose.DROPOUT, round, client_id), self.device)
+        seed_global_torch(derive_seed(seed, Purpose.DROPOUT, round, client_id), self.device)
         self.model.buffers.copy_(buffers)
-        client_task = self._client_task(round, client_id)
+        client_task = self._client_task(round, client_id, seed)
         task = self._training_task(client_task, round, client_task.num_samples)
         state = self.client_states.get(client_id)
         if state is None:
@@ -175,19 +233,19 @@ class ClientWorker:
         upload.tensors = {name: t.cpu() for name, t in upload.tensors.items()}
         return ClientResult(client_id, upload, self.model.buffers.cpu().clone())
 
-    def _train_clients_together(self, round: int, client_ids: list[int], tensors: dict[str, Tensor]) -> Upload:
+    def _train_clients_together(self, round: int, client_ids: list[int], tensors: dict[str, Tensor],
+                                seed: int) -> Upload:
         """engine.vectorize: one batched local training for all of `client_ids` (stateless
         algorithms on models without BatchNorm or dropout, checked before the run starts).
         The upload's tensors and metrics are stacked in `client_ids` order."""
-        tasks = [self._client_task(round, client_id) for client_id in client_ids]
+        tasks = [self._client_task(round, client_id, seed) for client_id in client_ids]
         # Every client takes the same number of steps here: vectorize_blocker refuses partitions where they differ.
         task = self._training_task(ClientBatchTask(self.model, tasks), round, tasks[0].num_samples)
         upload = self.algorithm.client_train(task, tensors, None)[0]
         upload.metrics["local_steps"] = torch.full((len(tasks),), task.steps)
         return upload
 
-    def _client_task(self, round: int, client_id: int) -> ClientTask:
-        seed = self.config.seed
+    def _client_task(self, round: int, client_id: int, seed: int) -> ClientTask:
         augment = torch_generator(seed, Purpose.AUGMENT, round, client_id) if self.config.data.augment else None
         return ClientTask(self.model, self.train_x, self.train_y,
                           as_tensor(self.partition.client(client_id), self.device), self.config.train.batch_size,

@@ -5,6 +5,7 @@ p_i = D_i / sum_j D_j over the clients that can be selected (the online ones).
     uniform  S clients uniformly without replacement; the algorithm weights them itself (today's sampling)
     md       M i.i.d. draws ~ Cat(p);                        w_i = c_i / M (c_i: times drawn)
     acs      draw m ~ Cat(Q[:, m]) of Algorithm 2's table;    w_i = c_i / M
+    cacs     acs with the table filled in the clusters' order (clusters.py) instead of by importance
     ucs      M clients uniformly without replacement;        w_i = (N / M) p_i (Eq. 28; sum w is 1 on average)
     ucs with variant reference_code: M clients without replacement with probabilities p, w_i = p_i / sum_S p_j
 
@@ -18,7 +19,7 @@ import numpy as np
 
 from rayfed.selection.table import acs_table
 
-SELECTORS = ("uniform", "md", "acs", "ucs")
+SELECTORS = ("uniform", "md", "acs", "ucs", "cacs")
 UCS_VARIANTS = ("paper", "reference_code")
 
 
@@ -29,9 +30,10 @@ class Selection:
 
 
 def select(selector: str, candidates: np.ndarray, counts: np.ndarray, size: int, rng: np.random.Generator,
-           ucs_variant: str = "paper") -> Selection:
+           ucs_variant: str = "paper", order: np.ndarray | None = None) -> Selection:
     """The round's selection among `candidates` (client ids) with sample counts `counts`: `size`
-    draws (S, the paper's M), or all candidates where fewer are online (uniform and ucs)."""
+    draws (S, the paper's M), or all candidates where fewer are online (uniform and ucs). `order`:
+    cacs's order of all clients, of which the candidates keep their relative order."""
     candidates = np.asarray(candidates)
     if selector == "uniform":
         return Selection(candidates[rng.choice(len(candidates), size=min(size, len(candidates)), replace=False)],
@@ -46,8 +48,12 @@ def select(selector: str, candidates: np.ndarray, counts: np.ndarray, size: int,
         return Selection(candidates[chosen], importances[chosen] / importances[chosen].sum())
     if selector == "md":
         draws = rng.choice(len(candidates), size=size, replace=True, p=importances)
-    else:
+    elif selector == "acs":
         draws = _draw_columns(acs_table(counts, size), rng)
+    else:
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order))
+        draws = _draw_columns(acs_table(counts, size, np.argsort(rank[candidates], kind="stable")), rng)
     first, counted = _first_and_counts(draws)
     return Selection(candidates[first], counted / size)
 

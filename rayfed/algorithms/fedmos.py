@@ -1,0 +1,93 @@
+"""FedMoS (specs/fedmos.md §2, Algorithm 1): STORM client momentum with an unscaled proximal pull
+toward the round's model, and a heavy-ball server momentum on the aggregated model change.
+
+Client i (§2.1): d_0 = the full local gradient at x^t (init_grad=full; or a minibatch's), then I
+updates x <- x - eta d - mu (x - x^t), with d corrected between them (storm.storm_descent); it
+uploads Delta_i = x_{i,I} - x^t and keeps nothing. Server (Eq. 4):
+    u^t = beta u^{t-1} - (1 / (eta_t I)) sum_i w_i Delta_i,    x^{t+1} = x^t - eta_t I u^t,    u^{-1} = 0,
+with w the selector's weights (c_i / M under md, acs and cacs). The normalisation eta_t I only
+rescales u (T5); I is train.local_steps (train.local_epochs under epochs, as §A3 says).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from rayfed.algorithms.base import Algorithm, ClientTask, RoundInfo, Upload, weighted_average
+from rayfed.algorithms.storm import step_batch, storm_descent
+
+INIT_GRADS = ("full", "minibatch")
+
+
+@dataclass
+class FedMoSState:
+    params: Tensor      # x^t
+    momentum: Tensor    # u^{t-1}, zero before round 0
+
+
+class FedMoS(Algorithm):
+    keeps_client_state = False
+    vectorizable = True
+
+    def __init__(self, lr_local: float, lr_global: float, *, a: float, mu: float, beta1: float,
+                 init_grad: str = "full", init_batch: int | None = None, client_estimator: str = "storm_paper",
+                 minibatches: str = "independent", server_momentum_skip_round0: bool = False,
+                 local_steps: int = 1, lr_decay: float = 1.0, agg_weighting: str = "uniform"):
+        self.lr_local = lr_local            # eta; FedMoS has no server learning rate
+        self.a = a
+        self.mu = mu
+        self.beta1 = beta1                  # the paper's beta
+        self.init_grad = init_grad
+        self.init_batch = init_batch
+        self.client_estimator = client_estimator
+        self.minibatches = minibatches
+        self.skip_round0 = server_momentum_skip_round0
+        self.local_steps = local_steps
+        self.lr_decay = lr_decay
+        self.agg_weighting = agg_weighting
+
+    def server_init(self, params: Tensor, num_clients: int) -> FedMoSState:
+        return FedMoSState(params=params.clone(), momentum=params.new_zeros(params.shape))
+
+    def broadcast(self, state: FedMoSState) -> dict[str, Tensor]:
+        return {"params": state.params}
+
+    def global_params(self, state: FedMoSState) -> Tensor:
+        return state.params
+
+    def client_train(self, task: ClientTask, down: dict[str, Tensor], client_state: None) -> tuple[Upload, None]:
+        global_params = down["params"]
+        params = task.start_from(global_params)
+        loss, direction = initial_direction(task, params, self.init_grad, self.minibatches, self.init_batch)
+        direction = direction.clone()
+        params, _, loss_sum = storm_descent(task, params, direction, self.lr_local, self.a, mu=self.mu,
+                                            anchor=global_params, minibatches=self.minibatches,
+                                            estimator=self.client_estimator)
+        mean_loss = (loss.double() + loss_sum) / task.steps
+        delta = params - global_params                                   # Delta_i = x_{i,I} - x^t
+        return Upload({"delta": delta}, task.num_samples,
+                      {"train_loss": float(mean_loss) if mean_loss.ndim == 0 else mean_loss}), None
+
+    def server_step(self, state: FedMoSState, uploads: dict[int, Upload],
+                    round_info: RoundInfo) -> tuple[FedMoSState, dict]:
+        aggregate = weighted_average(uploads, "delta", self.agg_weighting, round_info.weights)   # sum_i w_i Delta_i
+        if self.skip_round0 and round_info.round == 0:
+            # The authors' code: the first aggregate moves x but never enters u (§2.2 [R]).
+            return FedMoSState(params=state.params.add(aggregate), momentum=state.momentum), {}
+        scale = self.lr_local * self.lr_decay ** round_info.round * self.local_steps      # eta_t I
+        momentum = state.momentum.mul(self.beta1).sub_(aggregate, alpha=1.0 / scale)
+        params = state.params.sub(momentum, alpha=scale)
+        return FedMoSState(params=params, momentum=momentum), {}
+
+
+def initial_direction(task: ClientTask, params: Tensor, init_grad: str, minibatches: str,
+                      init_batch: int | None = None) -> tuple[Tensor, Tensor]:
+    """(loss, d_0): the full local gradient at `params` (init_grad=full), or a minibatch's. The
+    step-0 batch is taken from the stream either way, so every later step sees the same batch
+    whichever the mode (spec A3: step tau uses batch tau)."""
+    batch = step_batch(task, minibatches, init_batch)
+    if init_grad == "full":
+        return task.full_loss_and_grad(params)
+    return task.loss_and_grad(params, batch)
+

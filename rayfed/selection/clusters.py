@@ -1,0 +1,54 @@
+"""CACS's client order (specs/fedmos.md §3.7): clients clustered by the directions of their full
+local gradients after the warm-up, clusters by descending total importance, and clients by
+descending importance inside each; Algorithm 2 then fills the draws in this order, so that a draw
+tends to hold similar clients.
+
+The distance is the angle between two gradients, arccos of their cosine similarity; the clusters
+are a Ward-linkage dendrogram cut into K (scipy's linkage and fcluster "maxclust", as the authors'
+code does). Ties in the order go to the smaller client id.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.cluster.hierarchy import fcluster, linkage
+from scipy.spatial.distance import squareform
+
+
+@dataclass(frozen=True)
+class ClientOrder:
+    order: np.ndarray       # client ids, the order pi Algorithm 2 fills the draws in
+    labels: np.ndarray      # each client's cluster, numbered 0.. in the order the clusters come in pi
+
+
+def angular_distances(gradients: np.ndarray) -> np.ndarray:
+    """delta_ij = arccos(clip(cos(g_i, g_j), -1, 1)); a zero gradient is at pi/2 from every other."""
+    gradients = np.asarray(gradients, dtype=np.float64)
+    norms = np.linalg.norm(gradients, axis=1)
+    unit = np.divide(gradients, norms[:, None], out=np.zeros_like(gradients), where=norms[:, None] > 0)
+    distances = np.arccos(np.clip(unit @ unit.T, -1.0, 1.0))
+    distances = (distances + distances.T) / 2        # exactly symmetric, whatever the product's rounding
+    np.fill_diagonal(distances, 0.0)
+    return distances
+
+
+def cluster_order(gradients: np.ndarray, counts: np.ndarray, num_clusters: int) -> ClientOrder:
+    """The CACS order of clients 0..N-1 with full local gradients `gradients` (N x d) and sample
+    counts `counts` (importances p_i proportional to them), in at most `num_clusters` clusters."""
+    counts = np.asarray(counts, dtype=np.int64)
+    num_clients = len(counts)
+    if num_clients == 1 or num_clusters == 1:
+        clusters = np.zeros(num_clients, dtype=np.int64)
+    else:
+        tree = linkage(squareform(angular_distances(gradients), checks=False), method="ward")
+        clusters = fcluster(tree, t=min(num_clusters, num_clients), criterion="maxclust") - 1
+    ids = np.arange(num_clients)
+    mass = np.bincount(clusters, weights=counts)
+    first_member = np.full(len(mass), num_clients)
+    np.minimum.at(first_member, clusters, ids)
+    present = np.flatnonzero(np.bincount(clusters, minlength=len(mass)))
+    cluster_rank = np.empty(len(mass), dtype=np.int64)
+    cluster_rank[present[np.lexsort((first_member[present], -mass[present]))]] = np.arange(len(present))
+    order = np.lexsort((ids, -counts, cluster_rank[clusters]))
+    return ClientOrder(order=order, labels=cluster_rank[clusters])
