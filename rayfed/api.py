@@ -78,10 +78,10 @@ def load_data(config: Config) -> tuple[Dataset, Partition]:
                            num_clients=data.num_clients, synthetic_alpha=data.synthetic_alpha,
                            synthetic_beta=data.synthetic_beta, synthetic_max_samples=data.synthetic_max_samples,
                            partition=data.partition, shakespeare_train_samples=data.shakespeare_train_samples,
-                           shakespeare_test_samples=data.shakespeare_test_samples)
+                           shakespeare_test_samples=data.shakespeare_test_samples, normalize=data.normalize)
     partition = make_partition(data.partition, dataset.train_y, dataset.num_classes, data.num_clients,
                                config.seed, alpha=data.alpha, shards_per_client=data.shards_per_client,
-                               natural=dataset.natural_partition)
+                               natural=dataset.natural_partition, dataset=data.dataset)
     return dataset, partition
 
 

@@ -18,8 +18,8 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from rayfed.algorithms.registry import ALGORITHMS, MAX_COEFFICIENT, MAX_MEMORY_SIZE, allowed_values, \
     resolve_hyperparameters
-from rayfed.data.datasets import DATASETS, missing_files
-from rayfed.data.partition import PARTITIONS
+from rayfed.data.datasets import DATASETS, NORMALIZATIONS, TORCHVISION_DATASETS, missing_files
+from rayfed.data.partition import PARTITIONS, check_fedmos_clients
 from rayfed.errors import ConfigError
 from rayfed.faults import parse_fault
 from rayfed.selection.selectors import SELECTORS, UCS_VARIANTS
@@ -181,6 +181,9 @@ class DataConfig(_Section):
     shakespeare_test_samples: _count(gt=0) = 400
     # Random 4-pixel-padded crops and horizontal flips of training images (rayfed.data.augment).
     augment: _Flag = False
+    # How the torchvision image datasets are scaled: by their channel statistics, or to [-1, 1]
+    # (Normalize(0.5, 0.5): FedMoS's CIFAR preprocessing, specs/fedmos.md §7.3).
+    normalize: Literal[NORMALIZATIONS] = "channel"
 
 
 class ModelConfig(_Section):
@@ -240,6 +243,9 @@ class TrainConfig(_Section):
     interval_rounding: Optional[Literal[INTERVAL_ROUNDINGS]] = None
     interval_unit: Optional[Literal[INTERVAL_UNITS]] = None
     eval_every: _count(gt=0) = 10
+    # Also evaluate the global model on the union of the clients' training samples (FedMoS's training
+    # loss f(x^t) = sum_i p_i f_i(x^t), specs/fedmos.md §7.5) at every evaluation.
+    eval_train_loss: _Flag = False
     round_policy: Literal[ROUND_POLICIES] = "sync"
     deadline_s: Optional[_number(gt=0.0)] = None
     overcommit: _number(ge=0.0, le=MAX_OVERCOMMIT) = 0.3
@@ -355,6 +361,8 @@ def resolve(config: Config) -> Config:
     if config.data.dataset == "shakespeare" and config.data.partition not in ("natural", "iid"):
         raise ConfigError(f"data.partition={config.data.partition} does not apply to data.dataset=shakespeare, "
                           f"whose clients are speaking roles (natural) or crops of their pooled samples (iid)")
+    if config.data.partition == "fedmos":
+        check_fedmos_clients(config.data.dataset, config.data.num_clients)
     if config.engine.backend == "local":
         # The local engine is one in-process worker; recording another count would mislead.
         config.engine.num_workers = 1
@@ -390,6 +398,9 @@ def _check_combinations(config: Config) -> None:
     _resolve_async(config)
     _resolve_interval(train)
     _check_selection(config)
+    if data.normalize != "channel" and data.dataset not in TORCHVISION_DATASETS:
+        raise ConfigError(f"data.normalize={data.normalize} applies to the torchvision image datasets "
+                          f"({', '.join(TORCHVISION_DATASETS)}), not data.dataset={data.dataset}")
     if (engine.round_timeout_s is not None or engine.fault_injection) and engine.backend != "ray":
         raise ConfigError("engine.round_timeout_s and engine.fault_injection need engine.backend=ray")
     for entry in engine.fault_injection:

@@ -42,6 +42,8 @@ def interrupted(tmp_path, overrides, monkeypatch, fail_at_round=5, name="interru
     ["engine.backend=local", "algorithm.name=fedlalr", "algorithm.lr_local=0.002", "train.lr_decay=0.9",
      "train.interval=adaptive", "train.interval_unit=steps", "algorithm.vhat_agg=max"],
     ["engine.backend=local", "algorithm.name=fedadam", "algorithm.bias_correction=true", "selection.selector=acs"],
+    ["engine.backend=local", "algorithm.name=fedmos", "algorithm.lr_local=0.05", "selection.selector=cacs",
+     "selection.cacs_warmup_rounds=2", "selection.cacs_clusters=3"],
     ["engine.backend=local", "algorithm.name=fedavg", "train.round_policy=async_buffered", "train.buffer_size=4",
      "train.concurrency=9", "systems.step_time_spread=1.0", "train.staleness_weight=sqrt"],
 ])
@@ -54,6 +56,8 @@ def test_resume_after_interruption_is_bitwise_the_uninterrupted_run(tmp_path, mo
     assert not (run_dir / "checkpoint.pt.tmp").exists()
     resumed = rayfed.resume(run_dir, progress=False)
     assert_same_run(whole, resumed)
+    # CACS's clusters come back with the checkpoint: no second warm-up
+    assert resumed.summary.get("selection_warmup") == whole.summary.get("selection_warmup")
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["round"] for m in lines] == list(range(1, 8))
     assert json.loads((run_dir / "summary.json").read_text())["rounds_completed"] == 7

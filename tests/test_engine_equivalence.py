@@ -66,6 +66,8 @@ def test_ray_engine_refuses_resources_the_cluster_lacks(tmp_path, ray_cluster):
     ["algorithm.name=fedlalr", "algorithm.lr_local=0.002", "train.lr_decay=0.95", "train.weight_decay=0.001",
      "train.max_grad_norm=5", "train.interval=adaptive", "train.interval_unit=steps"],
     ["algorithm.name=fedadam", "algorithm.lr_global=0.1", "selection.selector=acs"],
+    ["algorithm.name=fedmos", "algorithm.lr_local=0.05", "selection.selector=cacs", "selection.cacs_warmup_rounds=2",
+     "selection.cacs_clusters=4"],
 ])
 def test_adaptive_algorithms_are_bitwise_identical_across_engines_and_worker_counts(tmp_path, ray_cluster, algorithm):
     """Stateless clients are dealt to other workers as the worker count changes (specs/fedlalr.md C16, C17);

@@ -1,11 +1,15 @@
 import collections
 import csv
 import functools
+import re
+import time
 
 import numpy as np
 import pytest
 
+import rayfed.api
 from rayfed.config import load_config
+from rayfed.data import Dataset
 from rayfed.data.partition import (Partition, class_histogram, feddyn_handouts, make_partition, partition_dirichlet,
                                    partition_iid, partition_shards, write_histogram_csv)
 from rayfed.errors import ConfigError
@@ -82,7 +86,7 @@ def test_dirichlet_with_absent_classes_and_barely_enough_samples():
     assert_exact_cover(partition, len(labels), 4)
 
 
-@pytest.mark.parametrize("kind", ["iid", "dirichlet", "feddyn", "moon", "shards"])
+@pytest.mark.parametrize("kind", ["iid", "dirichlet", "feddyn", "moon", "shards", "fedmos"])
 def test_same_seed_same_partition_other_seed_differs(kind, labels):
     first, again, other = (make_partition(kind, labels, NUM_CLASSES, NUM_CLIENTS, seed=seed, alpha=0.5)
                            for seed in (11, 11, 12))
@@ -127,6 +131,7 @@ def test_shards_give_each_client_few_classes_and_equal_sizes(labels):
     ("dirichlet", 3001, 2, "data.num_clients"),
     ("feddyn", 6001, 2, "data.num_clients"),
     ("moon", 601, 2, "data.num_clients"),
+    ("fedmos", 400, 2, "data.num_clients"),
     ("shards", 1000, 7, "data.shards_per_client"),
     ("shards", 10, 0, "data.shards_per_client"),
     ("iid", 0, 2, "data.num_clients"),
@@ -152,8 +157,8 @@ def test_dirichlet_kinds_reject_non_positive_alpha(kind, labels):
         make_partition(kind, labels, NUM_CLASSES, NUM_CLIENTS, seed=0, alpha=0.0)
 
 
-def test_config_offers_feddyn_and_moon():
-    for kind in ("feddyn", "moon"):
+def test_config_offers_feddyn_moon_and_fedmos():
+    for kind in ("feddyn", "moon", "fedmos"):
         assert load_config(None, [f"data.partition={kind}", "data.alpha=0.3"]).data.partition == kind
 
 
@@ -296,3 +301,116 @@ def test_histogram_csv_round_trips(tmp_path, labels):
     np.testing.assert_array_equal(table[:, 0], np.arange(20))
     np.testing.assert_array_equal(table[:, 1], partition.sizes)
     np.testing.assert_array_equal(table[:, 2:], histogram)
+
+
+# MNIST's training class sizes, so the fedmos pools run down as on the real data.
+MNIST_CLASS_SIZES = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+CIFAR_SIZES = [200] * 50 + [150] * 100 + [100] * 150 + [50] * 150 + [20] * 50
+
+
+@pytest.fixture(scope="module")
+def mnist_labels() -> np.ndarray:
+    return np.random.default_rng(3).permutation(np.repeat(np.arange(NUM_CLASSES), MNIST_CLASS_SIZES))
+
+
+def assert_disjoint_subset(partition: Partition, num_samples: int, num_clients: int) -> None:
+    assert partition.indices.dtype == np.int64 and partition.offsets.dtype == np.int64
+    assert partition.num_clients == num_clients and partition.offsets[-1] == len(partition.indices)
+    assert len(np.unique(partition.indices)) == len(partition.indices)
+    assert partition.indices.min() >= 0 and partition.indices.max() < num_samples
+
+
+def test_fedmos_gives_each_client_10_to_50_samples_of_exactly_two_classes(mnist_labels):
+    num_clients = 500
+    started = time.perf_counter()
+    partition = make_partition("fedmos", mnist_labels, NUM_CLASSES, num_clients, seed=42, dataset="mnist")
+    assert time.perf_counter() - started < 0.5
+    assert_disjoint_subset(partition, len(mnist_labels), num_clients)
+    sizes = partition.sizes
+    assert sizes.min() == 10 and sizes.max() == 50   # both ends of UniformInt[10, 50] occur among 500
+    assert abs(sizes.sum() - 15_000) < 600           # 500 x 30 on average; sd of the sum is ~260
+    histogram = class_histogram(partition, mnist_labels, NUM_CLASSES)
+    assert (np.count_nonzero(histogram, axis=1) == 2).all()
+    # Each client's samples come first class first: n_1 ~ UniformInt[2, D_i - 1], n_2 = D_i - n_1 >= 1.
+    first_class = mnist_labels[partition.indices[partition.offsets[:-1]]]
+    n_1 = histogram[np.arange(num_clients), first_class]
+    n_2 = sizes - n_1
+    assert n_1.min() == 2 and n_2.min() == 1 and (n_1 <= sizes - 1).all()
+    for client_id in range(num_clients):
+        client_labels = mnist_labels[partition.client(client_id)]
+        assert (client_labels[:n_1[client_id]] == first_class[client_id]).all()
+
+
+def test_fedmos_chooses_classes_in_proportion_to_their_pools():
+    # class k holds (k + 1) / 55 of the samples: the largest class should be held far more often
+    labels = np.random.default_rng(4).permutation(np.repeat(np.arange(NUM_CLASSES), 200 * np.arange(1, 11)))
+    partition = make_partition("fedmos", labels, NUM_CLASSES, 200, seed=1)
+    holders = np.count_nonzero(class_histogram(partition, labels, NUM_CLASSES), axis=0)
+    assert holders[9] > 4 * holders[0] and holders[9] > 60
+
+
+def test_fedmos_cifar_uses_the_fixed_size_list_and_five_classes(cifar_labels):
+    partition = make_partition("fedmos", cifar_labels, NUM_CLASSES, 500, seed=42, dataset="cifar10")
+    assert_disjoint_subset(partition, len(cifar_labels), 500)
+    np.testing.assert_array_equal(partition.sizes, CIFAR_SIZES)
+    assert partition.sizes.sum() == 48_500
+    histogram = class_histogram(partition, cifar_labels, NUM_CLASSES)
+    assert (np.count_nonzero(histogram, axis=1) == 5).all()
+    nonzero = histogram[histogram > 0].reshape(500, 5)
+    np.testing.assert_array_equal(nonzero, np.repeat(np.array(CIFAR_SIZES)[:, None] // 5, 5, axis=1))
+
+
+def test_fedmos_rule_depends_on_the_dataset(cifar_labels):
+    two_class = make_partition("fedmos", cifar_labels, NUM_CLASSES, 500, seed=42, dataset="fashion_mnist")
+    assert two_class.sizes.max() <= 50
+    assert (np.count_nonzero(class_histogram(two_class, cifar_labels, NUM_CLASSES), axis=1) == 2).all()
+    stand_in = make_partition("fedmos", cifar_labels, NUM_CLASSES, 500, seed=42, dataset="cifar10_random")
+    np.testing.assert_array_equal(stand_in.sizes, CIFAR_SIZES)
+
+
+@pytest.mark.parametrize("dataset", [None, "cifar10"])
+def test_fedmos_same_seed_same_partition(dataset, cifar_labels):
+    first, again, other = (make_partition("fedmos", cifar_labels, NUM_CLASSES, 500, seed=seed, dataset=dataset)
+                           for seed in (7, 7, 8))
+    np.testing.assert_array_equal(first.indices, again.indices)
+    np.testing.assert_array_equal(first.offsets, again.offsets)
+    assert not np.array_equal(first.indices, other.indices)
+
+
+def test_fedmos_running_out_of_samples_is_one_config_error_line(labels):
+    # 6000 samples at ~30 per client last about 200 clients
+    with pytest.raises(ConfigError) as raised:
+        make_partition("fedmos", labels, NUM_CLASSES, 400, seed=0)
+    message = str(raised.value)
+    served = re.fullmatch(r"data\.partition=fedmos: the 6000 samples run out after client (\d+) of 400; "
+                          r"lower data\.num_clients", message)
+    assert served and 150 < int(served.group(1)) < 250
+    # as many clients as were served fit
+    assert make_partition("fedmos", labels, NUM_CLASSES, int(served.group(1)), seed=0).num_clients == int(
+        served.group(1))
+
+
+@pytest.mark.parametrize("num_clients", [100, 499, 501])
+def test_fedmos_cifar_needs_500_clients(num_clients, cifar_labels):
+    with pytest.raises(ConfigError) as raised:
+        make_partition("fedmos", cifar_labels, NUM_CLASSES, num_clients, seed=0, dataset="cifar10")
+    message = str(raised.value)
+    assert "data.num_clients=500" in message and f"not {num_clients}" in message and "\n" not in message
+    with pytest.raises(ConfigError, match="data.partition=fedmos on data.dataset=cifar10 gives 500 clients"):
+        load_config(None, ["data.dataset=cifar10", "data.partition=fedmos", f"data.num_clients={num_clients}"])
+
+
+def test_fedmos_refuses_other_than_ten_classes():
+    labels = np.repeat(np.arange(100), 500)
+    with pytest.raises(ConfigError, match="data.partition=fedmos is defined for 10-class datasets, not 100 classes "
+                                          r"\(data.dataset=cifar100\)"):
+        make_partition("fedmos", labels, 100, 100, seed=0, dataset="cifar100")
+
+
+def test_load_data_gives_fedmos_the_dataset_name(monkeypatch, cifar_labels):
+    config = load_config(None, ["data.dataset=cifar10_random", "data.partition=fedmos", "data.num_clients=500"])
+    small = Dataset("cifar10_random", np.zeros((len(cifar_labels), 1), np.float32), cifar_labels,
+                    np.zeros((1, 1), np.float32), np.zeros(1, np.int64), num_classes=NUM_CLASSES, input_shape=(1,))
+    monkeypatch.setattr(rayfed.api, "load_dataset", lambda *args, **kwargs: small)
+    _, partition = rayfed.api.load_data(config)
+    np.testing.assert_array_equal(partition.sizes, CIFAR_SIZES)

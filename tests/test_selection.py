@@ -150,9 +150,12 @@ def test_the_servers_aggregate_is_unbiased_under_every_selector():
 
     import torch
     from tests.test_server import fake_results, make_server
-    for selector in ("md", "acs", "ucs"):
+    from rayfed.selection import ClientOrder
+    for selector in ("md", "acs", "ucs", "cacs"):
         _, server = make_server("algorithm.name=fedavg", f"selection.selector={selector}", "train.eval_every=1000",
                                 "train.rounds=1000")
+        # CACS is unbiased in any order (T24): one that interleaves large and small clients
+        server.client_order = ClientOrder(np.random.default_rng(3).permutation(20), np.zeros(20, dtype=np.int64))
         sizes = np.arange(20) * 3 + 5                  # unequal importances
         server.client_systems = dataclasses.replace(server.client_systems, client_sizes=sizes)
         p = sizes / sizes.sum()
@@ -174,7 +177,10 @@ def test_the_servers_aggregate_is_unbiased_under_every_selector():
     (["selection.selector=md", "algorithm.name=mifa"], "selection.selector=md does not apply to mifa"),
     (["selection.selector=ucs", "algorithm.name=fedlalr"], "does not apply to fedlalr"),
     (["selection.ucs_variant=reference_code"], "selection.ucs_variant only applies to selection.selector=ucs"),
-    (["selection.selector=oort"], "selection.selector='oort' is not one of: uniform, md, acs, ucs"),
+    (["selection.selector=oort"], "selection.selector='oort' is not one of: uniform, md, acs, ucs, cacs"),
+    (["selection.cacs_clusters=5"], "selection.cacs_clusters only applies to selection.selector=cacs"),
+    (["selection.selector=acs", "selection.cacs_warmup_rounds=2"], "cacs_warmup_rounds only applies to"),
+    (["selection.selector=acs", "selection.ucs_variant=reference_code"], "ucs_variant only applies to"),
 ])
 def test_undefined_combinations_are_one_line(overrides, message):
     import rayfed
@@ -182,7 +188,7 @@ def test_undefined_combinations_are_one_line(overrides, message):
         rayfed.load_config(None, overrides)
 
 
-@pytest.mark.parametrize("selector", ["md", "acs", "ucs"])
+@pytest.mark.parametrize("selector", ["md", "acs", "ucs", "cacs"])
 def test_runs_with_a_selector_train_each_drawn_client_once(tmp_path, selector):
     import rayfed
     overrides = ["engine.backend=local", "data.num_clients=12", "train.clients_per_round=6", "train.rounds=5",
@@ -194,3 +200,79 @@ def test_runs_with_a_selector_train_each_drawn_client_once(tmp_path, selector):
             assert metrics["weight_sum"] == pytest.approx(1.0, abs=1e-12)
     again = rayfed.run(rayfed.load_config(None, overrides), run_dir=tmp_path / "again", progress=False)
     assert np.array_equal(result.params.numpy(), again.params.numpy())
+
+
+# ---- CACS (§3.7, T24) ----
+
+def clustered_gradients(group_sizes, dim=12, seed=0):
+    """Clients in groups whose gradients point in one of len(group_sizes) orthogonal directions, plus noise."""
+    rng = np.random.default_rng(seed)
+    labels = np.repeat(np.arange(len(group_sizes)), group_sizes)
+    gradients = np.eye(dim)[labels] * 10 + rng.normal(scale=0.5, size=(len(labels), dim))
+    permutation = rng.permutation(len(labels))          # groups not contiguous in client ids
+    return gradients[permutation], labels[permutation]
+
+
+def test_t24_cacs_orders_clusters_by_mass_then_clients_by_importance():
+    from rayfed.selection import cluster_order
+    gradients, truth = clustered_gradients([6, 9, 4, 7])
+    counts = np.random.default_rng(1).integers(10, 51, size=len(truth))
+    found = cluster_order(gradients, counts, 4)
+    order, labels = found.order, found.labels
+    assert sorted(order) == list(range(len(truth)))
+    # the clusters are the groups, up to naming
+    assert len({(a, b) for a, b in zip(truth, labels)}) == 4
+    along = labels[order]
+    assert np.all(np.diff(along) >= 0)                               # clusters contiguous, numbered in order
+    masses = np.bincount(labels, weights=counts)
+    assert np.all(np.diff(masses) <= 0)                              # totals non-increasing along pi
+    for cluster in range(4):
+        members = order[along == cluster]
+        assert np.all(np.diff(counts[members]) <= 0)                 # p non-increasing inside a cluster
+    table = acs_table(counts, 5, order)
+    assert np.allclose(table.sum(axis=0), 1, atol=1e-12) and np.allclose(table.sum(axis=1), 5 * counts / counts.sum())
+
+
+def test_t24_clusters_of_mass_one_over_m_give_one_draw_per_cluster():
+    from rayfed.selection import cluster_order
+    gradients, truth = clustered_gradients([5, 3, 4, 2])
+    counts = np.zeros(len(truth), dtype=np.int64)
+    for group in range(4):                                      # every group holds exactly 60 samples
+        members = np.flatnonzero(truth == group)
+        counts[members] = 60 // len(members)
+    found = cluster_order(gradients, counts, 4)
+    table = acs_table(counts, 4, found.order)
+    for draw in range(4):
+        assert len(set(found.labels[np.flatnonzero(table[:, draw])])) == 1
+
+
+def test_t24_cacs_draws_are_unbiased_with_the_exact_second_moment():
+    from rayfed.selection import cluster_order
+    gradients, _ = clustered_gradients([10, 12, 8, 10], seed=4)
+    counts = random_counts(5, num_clients=40)
+    order = cluster_order(gradients, counts, 5).order
+    rng = np.random.default_rng(6)
+    weights = np.zeros((ROUNDS // 4, 40))
+    for round in range(len(weights)):
+        chosen = select("cacs", np.arange(40), counts, 5, rng, order=order)
+        weights[round, chosen.clients] = chosen.weights
+        assert chosen.weights.sum() == pytest.approx(1.0, abs=1e-12)
+    table = acs_table(counts, 5, order)
+    p = counts / counts.sum()
+    second_moment = (p / 5 + (5 * p) ** 2 / 25 - (table ** 2).sum(axis=1) / 25)      # Eq. (25)
+    for column, expected in ((weights, p), (weights ** 2, second_moment)):
+        mean = column.mean(axis=0)
+        standard_error = column.std(axis=0, ddof=1) / np.sqrt(len(column))
+        assert np.all(np.abs(mean - expected) <= 4 * standard_error + 1e-12)
+
+
+def test_cacs_fills_the_draws_in_pi_restricted_to_the_online_clients():
+    from rayfed.selection.selectors import _draw_columns
+    counts = np.array([10, 20, 30, 40, 50, 60])
+    order = np.array([5, 0, 3, 1, 4, 2])
+    online = np.array([0, 1, 3, 5])
+    restricted = acs_table(counts[online], 2, np.array([3, 0, 2, 1]))      # clients 5, 0, 3, 1: pi without 4, 2
+    for seed in range(20):
+        chosen = select("cacs", online, counts[online], 2, np.random.default_rng(seed), order=order)
+        draws = online[_draw_columns(restricted, np.random.default_rng(seed))]
+        assert chosen.clients.tolist() == list(dict.fromkeys(draws.tolist()))

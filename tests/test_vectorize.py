@@ -17,7 +17,7 @@ RTOL, ATOL = 1e-5, 1e-6
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedavgm", "fedprox", "fedproxm", "gradma_s", "fedlalr",
-                                       "local_amsgrad", "fedadam", "fedams_v1", "lafedopt"])
+                                       "local_amsgrad", "fedadam", "fedams_v1", "lafedopt", "fedmos", "stem"])
 def test_vectorized_clients_match_sequential_training(tmp_path, algorithm):
     overrides = SMALL + [f"algorithm.name={algorithm}"] + (["algorithm.mu=0.1"] if "prox" in algorithm else [])
     if algorithm in ("fedlalr", "local_amsgrad", "lafedopt"):

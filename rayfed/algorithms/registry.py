@@ -54,7 +54,7 @@ HYPERPARAMETERS: dict[str, Any] = {
     "vhat_agg": Literal["mean", "max"],
     "correction": Literal["joint", "local"],
     "trace_v_hat": bool,
-    "a": Annotated[float, Field(gt=0.0, le=1.0)],
+    "a": Annotated[float, Field(ge=0.0, le=1.0)],
     "init_grad": Literal[INIT_GRADS],
     "init_batch": Annotated[int, Field(ge=1, le=MAX_INIT_BATCH)],
     "client_estimator": Literal[ESTIMATORS],

@@ -1,5 +1,6 @@
 """Datasets as numpy arrays: readers for the official MNIST/CIFAR files, for the UCI digits
 scikit-learn ships and for LEAF's Shakespeare files (rayfed.data.shakespeare), and FedProx's Synthetic."""
+import dataclasses
 from dataclasses import dataclass
 import gzip
 import importlib.util
@@ -19,6 +20,9 @@ from rayfed.errors import ConfigError, first_line
 from rayfed.seeding import Purpose, numpy_rng
 
 DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100", "cifar10_random", "digits", "shakespeare")
+# Read from torchvision's files under data.root; data.normalize applies to these.
+TORCHVISION_DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100")
+NORMALIZATIONS = ("channel", "half")
 
 _IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 _IDX_UBYTE = 0x08   # the IDX type code of unsigned bytes, the only type MNIST files use
@@ -149,7 +153,8 @@ def digits_file() -> pathlib.Path:
 def load_dataset(name: str, *, root: str = "./data", download: bool = False, seed: int = 0,
                  num_clients: int = 100, synthetic_alpha: float = 1.0, synthetic_beta: float = 1.0,
                  synthetic_max_samples: int = 1000, partition: str = "natural", shakespeare_train_samples: int = 2000,
-                 shakespeare_test_samples: int = 400) -> Dataset:
+                 shakespeare_test_samples: int = 400, normalize: str = "channel") -> Dataset:
+    """`normalize`: the torchvision images scaled by their channel statistics, or to [-1, 1] (`half`)."""
     if name == "cifar10_random":
         return _generate_random_images(seed)
     if name == "digits":
@@ -176,6 +181,9 @@ def load_dataset(name: str, *, root: str = "./data", download: bool = False, see
     else:
         train_x, train_y, test_x, test_y = _read_cifar_dataset(files, name, source.num_classes)
 
+    if normalize == "half":
+        channels = len(source.mean)
+        source = dataclasses.replace(source, mean=(0.5,) * channels, std=(0.5,) * channels)
     return Dataset(name=name, train_x=_normalise(train_x, source), train_y=train_y,
                    test_x=_normalise(test_x, source), test_y=test_y,
                    num_classes=source.num_classes, input_shape=tuple(train_x.shape[1:]))

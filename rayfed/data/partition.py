@@ -1,4 +1,4 @@
-"""Splitting training-sample indices among clients: natural, iid, three Dirichlet schemes and shards."""
+"""Splitting training-sample indices among clients: natural, iid, three Dirichlet schemes, shards and FedMoS's."""
 from dataclasses import dataclass
 import pathlib
 
@@ -7,11 +7,22 @@ import numpy as np
 from rayfed.errors import ConfigError
 from rayfed.seeding import Purpose, numpy_rng
 
-PARTITIONS = ("natural", "iid", "dirichlet", "feddyn", "moon", "shards")
+PARTITIONS = ("natural", "iid", "dirichlet", "feddyn", "moon", "shards", "fedmos")
 IID_MIN_PER_CLIENT = 1
 DIRICHLET_MIN_PER_CLIENT = 2
 MOON_MIN_PER_CLIENT = 10   # MOON's min_require_size
 MOON_MAX_ATTEMPTS = 1000
+# FedMoS (spec fedmos §7.2, the authors' sampling code). Two-class rule (MNIST and other 10-class
+# data): D_i in [10, 50] samples, n_1 in [2, D_i - 1] of the first class, the rest of the second.
+FEDMOS_CLASSES = 10
+FEDMOS_MIN_SIZE, FEDMOS_MAX_SIZE = 10, 50
+FEDMOS_MIN_FIRST_CLASS = 2
+# CIFAR rule: fixed client sizes (count x size, clients in this order), D_i / 5 from each of 5 classes.
+# cifar10_random stands in for CIFAR-10 in timing runs, so it gets the same clients.
+FEDMOS_CIFAR_DATASETS = ("cifar10", "cifar10_random")
+FEDMOS_CIFAR_SIZES = ((50, 200), (100, 150), (150, 100), (150, 50), (50, 20))
+FEDMOS_CIFAR_CLIENTS = sum(count for count, _ in FEDMOS_CIFAR_SIZES)   # 500, holding 48,500 samples
+FEDMOS_CIFAR_CLASSES_PER_CLIENT = 5
 
 
 @dataclass(frozen=True)
@@ -231,9 +242,69 @@ def partition_shards(labels: np.ndarray, num_clients: int, shards_per_client: in
     ])
 
 
+def partition_fedmos(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
+                     cifar: bool = False) -> Partition | int:
+    """FedMoS's disjoint label-skewed split (spec fedmos §7.2); the number of clients served if the data ran out.
+
+    Client by client, in order, classes are chosen without replacement with probability proportional
+    to their remaining pools (2 for the two-class rule, 5 for the CIFAR rule) and the client takes its
+    share of each from that pool. Two-class rule: D_i ~ UniformInt[10, 50], n_1 ~ UniformInt[2, D_i - 1]
+    of the first class chosen, n_2 = D_i - n_1 of the second. CIFAR rule: D_i from FEDMOS_CIFAR_SIZES,
+    D_i / 5 of each class. Each class pool is shuffled once and handed out front to back, which draws
+    without replacement from what is left. Samples not handed out go to nobody. A client's samples
+    come grouped by class, first class first.
+    """
+    labels = np.asarray(labels)
+    pools = [rng.permutation(np.flatnonzero(labels == k)).astype(np.int64) for k in range(FEDMOS_CLASSES)]
+    pool_sizes = np.array([len(pool) for pool in pools], dtype=np.int64)
+    remaining = pool_sizes.copy()
+    if cifar:
+        sizes = np.repeat([size for _, size in FEDMOS_CIFAR_SIZES], [count for count, _ in FEDMOS_CIFAR_SIZES])
+        per_class = np.repeat(sizes[:, None] // FEDMOS_CIFAR_CLASSES_PER_CLIENT, FEDMOS_CIFAR_CLASSES_PER_CLIENT,
+                              axis=1)
+    else:
+        # The sizes and splits do not depend on the pools, so all are drawn up front.
+        sizes = rng.integers(FEDMOS_MIN_SIZE, FEDMOS_MAX_SIZE + 1, size=num_clients)
+        first = rng.integers(FEDMOS_MIN_FIRST_CLASS, sizes)   # high is exclusive: n_1 <= D_i - 1
+        per_class = np.stack([first, sizes - first], axis=1)
+    classes_per_client = per_class.shape[1]
+
+    chosen = np.empty((num_clients, classes_per_client), dtype=np.int64)
+    taken_before = np.empty((num_clients, classes_per_client), dtype=np.int64)
+    for client_id in range(num_clients):
+        if np.count_nonzero(remaining) < classes_per_client:
+            return client_id
+        classes = rng.choice(FEDMOS_CLASSES, classes_per_client, replace=False, p=remaining / remaining.sum())
+        if (remaining[classes] < per_class[client_id]).any():
+            return client_id
+        chosen[client_id] = classes
+        taken_before[client_id] = pool_sizes[classes] - remaining[classes]
+        remaining[classes] -= per_class[client_id]
+
+    # Piece (client, j) is per_class[client, j] consecutive samples of chosen[client, j]'s shuffled pool.
+    flat_pools = np.concatenate(pools)
+    pool_starts = np.cumsum(pool_sizes) - pool_sizes
+    counts = per_class.ravel()
+    piece_starts = (pool_starts[chosen] + taken_before).ravel()
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    position = np.arange(offsets[-1], dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    return Partition(indices=flat_pools[np.repeat(piece_starts, counts) + position], offsets=offsets)
+
+
+def check_fedmos_clients(dataset: str | None, num_clients: int) -> None:
+    """The CIFAR rule's fixed size list is for exactly FEDMOS_CIFAR_CLIENTS clients."""
+    if dataset in FEDMOS_CIFAR_DATASETS and num_clients != FEDMOS_CIFAR_CLIENTS:
+        sizes = ", ".join(f"{count} x {size}" for count, size in FEDMOS_CIFAR_SIZES)
+        raise ConfigError(f"data.partition=fedmos on data.dataset={dataset} gives {FEDMOS_CIFAR_CLIENTS} clients "
+                          f"fixed sizes ({sizes}); set data.num_clients={FEDMOS_CIFAR_CLIENTS}, not {num_clients}")
+
+
 def make_partition(kind: str, labels: np.ndarray, num_classes: int, num_clients: int, seed: int, *,
-                   alpha: float = 0.1, shards_per_client: int = 2, natural: Partition | None = None) -> Partition:
-    """Check the request is feasible (ConfigError otherwise), then partition with the PARTITION stream."""
+                   alpha: float = 0.1, shards_per_client: int = 2, natural: Partition | None = None,
+                   dataset: str | None = None) -> Partition:
+    """Check the request is feasible (ConfigError otherwise), then partition with the PARTITION stream.
+
+    `dataset` (data.dataset) only matters to fedmos, whose rule for CIFAR-10 differs."""
     num_samples = len(labels)
     if kind not in PARTITIONS:
         raise ConfigError(f"data.partition={kind!r} is not one of {', '.join(PARTITIONS)}")
@@ -270,6 +341,16 @@ def make_partition(kind: str, labels: np.ndarray, num_classes: int, num_clients:
             raise ConfigError(f"data.partition=moon found no split giving each of data.num_clients={num_clients} "
                               f"clients at least {MOON_MIN_PER_CLIENT} samples in {MOON_MAX_ATTEMPTS} draws at "
                               f"data.alpha={alpha}; use fewer clients or a larger data.alpha")
+        return partition
+    if kind == "fedmos":
+        if num_classes != FEDMOS_CLASSES:
+            raise ConfigError(f"data.partition=fedmos is defined for 10-class datasets, not {num_classes} classes"
+                              + (f" (data.dataset={dataset})" if dataset else "") + "; use dirichlet or shards")
+        check_fedmos_clients(dataset, num_clients)
+        partition = partition_fedmos(labels, num_clients, rng, cifar=dataset in FEDMOS_CIFAR_DATASETS)
+        if isinstance(partition, int):
+            raise ConfigError(f"data.partition=fedmos: the {num_samples} samples run out after client {partition} "
+                              f"of {num_clients}; lower data.num_clients")
         return partition
 
     if shards_per_client < 1:

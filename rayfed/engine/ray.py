@@ -22,7 +22,7 @@ from rayfed.config import Config
 from rayfed.data import Dataset, Partition
 from rayfed.engine.loop import ServerLost, WorkerLost
 from rayfed.engine.process_memory import peak_rss
-from rayfed.engine.server import Server
+from rayfed.engine.server import Server, clients_train_data
 from rayfed.engine.worker import ClientWorker
 from rayfed.errors import ConfigError, first_line
 from rayfed.faults import SERVER, Fault, enact
@@ -148,7 +148,7 @@ class RayEngine:
         # restart it: the engine recreates it from the last checkpoint (recreate_server).
         server_actor = ray.remote(RayServer).options(num_cpus=0, num_gpus=engine.server_gpus, max_restarts=0)
         server_arguments = (config, (dataset.test_x, dataset.test_y), dataset.input_shape, dataset.num_classes,
-                            client_systems)
+                            client_systems, clients_train_data(config, (dataset.train_x, dataset.train_y), partition))
         self.new_server = lambda: RemoteHandle(server_actor.remote(*server_arguments))
         worker_actor = ray.remote(RayClientWorker).options(num_cpus=engine.worker_cpus, num_gpus=engine.worker_gpus,
                                                            max_restarts=engine.worker_max_restarts)

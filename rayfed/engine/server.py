@@ -27,13 +27,17 @@ from rayfed.systems.policy import RoundPlan, plan_round
 
 class Server:
     def __init__(self, config: Config, test_data: tuple[np.ndarray, np.ndarray],
-                 input_shape: tuple[int, ...], num_classes: int, client_systems: ClientSystems):
+                 input_shape: tuple[int, ...], num_classes: int, client_systems: ClientSystems,
+                 clients_train_data: tuple[np.ndarray, np.ndarray] | None = None):
         torch.set_num_threads(threads_per_process(config))
         self.config = config
         # On a GPU the memory algorithms' D, its Gram matrix and the QPs run there too.
         self.device = device_for(config.engine.server_gpus)
         self.test_x = as_tensor(test_data[0], self.device)
         self.test_y = as_tensor(test_data[1], self.device)
+        # train.eval_train_loss: every client's training samples, for the global training loss.
+        self.clients_train = (None if clients_train_data is None else
+                              tuple(as_tensor(array, self.device) for array in clients_train_data))
         torch.manual_seed(derive_seed(config.seed, Purpose.MODEL_INIT))
         self.model = FlatModel(build_model(config.model.name, input_shape, num_classes,
                                            config.model.hidden_sizes), self.device)
@@ -170,6 +174,8 @@ class Server:
         rounds = self.config.train.rounds
         if (round + 1) % self.config.train.eval_every == 0 or round + 1 == rounds:
             metrics["test_loss"], metrics["test_accuracy"] = self.evaluate()
+            if self.clients_train is not None:
+                metrics["global_train_loss"], metrics["global_train_accuracy"] = self.evaluate(*self.clients_train)
         timings = [packed.timing for packed in worker_results if packed.timing is not None]
         metrics["phase_s"] = {
             "sample": self.sample_s,
@@ -291,10 +297,13 @@ class Server:
         self.warmup_summary = snapshot["warmup_summary"]
         self.before_warmup = None
 
-    def evaluate(self) -> tuple[float, float]:
+    def evaluate(self, inputs: Tensor | None = None, targets: Tensor | None = None) -> tuple[float, float]:
+        """(mean loss, accuracy) of the global model, in eval mode, on the test set or on (inputs, targets)."""
         self.model.params.copy_(self.global_params())
         self.model.buffers.copy_(self.buffers)
-        return self.model.evaluate(self.test_x, self.test_y)
+        if inputs is None:
+            return self.model.evaluate(self.test_x, self.test_y)
+        return self.model.evaluate(inputs, targets)
 
     def peak_rss(self) -> tuple[int, int]:
         return peak_rss()
@@ -311,3 +320,12 @@ def _weighted_buffers(results: list[ClientResult]) -> Tensor:
     for result in results:
         buffers.add_(result.buffers, alpha=result.upload.num_samples / total_samples)
     return buffers
+
+
+def clients_train_data(config: Config, train_data: tuple[np.ndarray, np.ndarray], partition) -> tuple | None:
+    """The union of the clients' training samples when train.eval_train_loss asks for the global training
+    loss: its per-sample mean loss is sum_i p_i f_i with p_i = D_i / sum_j D_j (specs/fedmos.md §7.5)."""
+    if not config.train.eval_train_loss:
+        return None
+    rows = np.concatenate([partition.client(client) for client in range(partition.num_clients)])
+    return train_data[0][rows], train_data[1][rows]

@@ -55,13 +55,30 @@ def reached(runs: list[Run], target: float) -> Reached | None:
     """On the seed-mean curve, as the papers count rounds to an accuracy; not the mean of each
     seed's own first round, which would credit a target the average model never reaches."""
     mean_accuracy = np.mean([run.test_accuracy for run in runs], axis=0)
-    hits = np.flatnonzero(mean_accuracy >= target)
-    if not len(hits):
+    hit = first_crossing(mean_accuracy, target)
+    if hit is None:
         return None
-    at = runs[0].evaluated[hits[0]]
+    at = runs[0].evaluated[hit]
     return Reached(round=int(runs[0].rounds[at]),
                    virtual_time_s=float(np.mean([run.virtual_time_s[at] for run in runs])),
                    bytes=float(np.mean([run.cumulative_bytes[at] for run in runs])))
+
+
+def first_crossing(values, target: float, below: bool = False) -> int | None:
+    """Index of the first of `values` at or above `target` (at or below it with `below`, for a loss);
+    None when none is. NaN never crosses."""
+    values = np.asarray(values, dtype=float)
+    hits = np.flatnonzero(values <= target if below else values >= target)
+    return int(hits[0]) if len(hits) else None
+
+
+def rounds_to_target(metrics: list[dict], key: str, target: float, below: bool = False) -> int | None:
+    """The first round (1-based, as metrics.jsonl counts them: the round just completed) whose `key`
+    reaches `target` (specs/fedmos.md §7.5: loss <= target or accuracy >= target), among the rounds
+    that logged it; None when none does."""
+    logged = [m for m in metrics if key in m]
+    hit = first_crossing([m[key] for m in logged], target, below)
+    return None if hit is None else int(logged[hit]["round"])
 
 
 AXES = {"round": "rounds", "virtual_time_s": "virtual_time_s", "bytes": "cumulative_bytes"}
