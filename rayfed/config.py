@@ -433,9 +433,6 @@ def _check_selection(config: Config) -> None:
     if config.algorithm.agg_weighting != "uniform":
         raise ConfigError(f"algorithm.agg_weighting={config.algorithm.agg_weighting} does not apply with "
                           f"selection.selector={selector}, whose weights already follow the clients' sample counts")
-    if algorithm in ("mifa", "mifam"):
-        raise ConfigError(f"selection.selector={selector} does not apply to {algorithm}, which averages the latest "
-                          f"updates of all clients whoever was selected")
     if selector == "ucs" and config.selection.ucs_variant == "paper" and algorithm in MODEL_UPLOADING_ALGORITHMS:
         raise ConfigError(f"selection.selector=ucs (ucs_variant=paper) does not apply to {algorithm}: its weights "
                           f"sum to 1 only on average, and {algorithm} averages models, not updates")

@@ -147,6 +147,11 @@ def estimate_memory(config, model: torch.nn.Module) -> dict[str, int]:
         "uploads": config.train.clients_per_round * FLOAT32_BYTES * build_algorithm(algorithm, []).upload_size(sum(params)),
         "client states": _client_state_rows(config) * vector_bytes,
     }
+    if config.selection.selector == "cacs":
+        # Every client's full gradient on the server (float32 as sent, float64 to cluster), and the
+        # N x N distances with their condensed copy.
+        parts["cacs gradients"] = (data.num_clients * (vector_bytes + sum(params) * FLOAT64_BYTES)
+                                   + 2 * data.num_clients ** 2 * FLOAT64_BYTES)
     memory_rows = min(algorithm.memory_size or 0, data.num_clients)
     if memory_rows:
         grams = len(params) if algorithm.qp_scope == "tensor" else 1
@@ -183,6 +188,7 @@ _REMEDIES = {
     "uploads": "use a smaller model or lower train.clients_per_round",
     "client states": "lower data.num_clients, use a smaller model, or an algorithm without client state",
     "server memory": "lower algorithm.memory_size or use a smaller model",
+    "cacs gradients": "lower data.num_clients, use a smaller model, or selection.selector=acs",
 }
 
 

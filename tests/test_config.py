@@ -212,6 +212,8 @@ def test_memory_estimate_counts_the_algorithms_state(monkeypatch):
     assert fedavg["data"] == 70_000 * (784 * 4 + 8) and fedavg["client states"] == 0
     assert mifa["client states"] == 1000 * d * 4
     assert gradma_s["server memory"] == 50 * d * 4 + 50 * 50 * 8
+    cacs = estimate_memory(load_config(None, base + ["algorithm.name=fedmos", "selection.selector=cacs"]), model)
+    assert cacs["cacs gradients"] == 1000 * d * (4 + 8) + 2 * 1000 ** 2 * 8 and "cacs gradients" not in fedavg
 
 
 def test_memory_check_refuses_what_this_machine_cannot_hold(monkeypatch):

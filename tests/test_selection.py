@@ -174,7 +174,6 @@ def test_the_servers_aggregate_is_unbiased_under_every_selector():
 @pytest.mark.parametrize("overrides, message", [
     (["selection.selector=md", "train.round_policy=deadline", "train.deadline_s=5"], "needs train.round_policy=sync"),
     (["selection.selector=acs", "algorithm.agg_weighting=num_samples"], "does not apply with selection.selector=acs"),
-    (["selection.selector=md", "algorithm.name=mifa"], "selection.selector=md does not apply to mifa"),
     (["selection.selector=ucs", "algorithm.name=fedlalr"], "does not apply to fedlalr"),
     (["selection.ucs_variant=reference_code"], "selection.ucs_variant only applies to selection.selector=ucs"),
     (["selection.selector=oort"], "selection.selector='oort' is not one of: uniform, md, acs, ucs, cacs"),
@@ -276,3 +275,34 @@ def test_cacs_fills_the_draws_in_pi_restricted_to_the_online_clients():
         chosen = select("cacs", online, counts[online], 2, np.random.default_rng(seed), order=order)
         draws = online[_draw_columns(restricted, np.random.default_rng(seed))]
         assert chosen.clients.tolist() == list(dict.fromkeys(draws.tolist()))
+
+
+def test_mifa_under_a_selector_averages_every_clients_latest_update_by_importance():
+    import torch
+
+    from rayfed.algorithms.base import RoundInfo
+    from tests.fakes import NUM_CLIENTS, SCHEDULE, client, make
+    counts = np.arange(NUM_CLIENTS) + 3
+    p = counts / counts.sum()
+    mifa = make("mifa", lr_local=0.05, lr_global=1.0)
+    state = mifa.server_init(torch.zeros(5), NUM_CLIENTS)
+    latest = {}
+    for round, sampled in enumerate(SCHEDULE):
+        uploads = {}
+        for i in sorted(sampled):
+            upload, latest[i] = mifa.client_train(client(i), mifa.broadcast(state), latest.get(i))
+            uploads[i] = upload
+        weights = {i: 1.0 / len(sampled) for i in sampled}
+        state, _ = mifa.server_step(state, uploads, RoundInfo(round, tuple(sampled), NUM_CLIENTS, weights,
+                                                              {i: float(p[i]) for i in sampled}))
+        expected = sum(float(p[i]) * latest[i].latest_update for i in latest)
+        torch.testing.assert_close(state.average, expected)
+
+
+def test_mifa_runs_under_every_selector(tmp_path):
+    import rayfed
+    for selector in ("md", "acs", "ucs"):
+        overrides = ["engine.backend=local", "data.num_clients=12", "train.clients_per_round=4", "train.rounds=3",
+                     "train.eval_every=3", "model.name=logreg", "algorithm.name=mifa", f"selection.selector={selector}"]
+        result = rayfed.run(rayfed.load_config(None, overrides), run_dir=tmp_path / selector, progress=False)
+        assert np.isfinite(result.history[-1]["test_loss"])

@@ -124,9 +124,9 @@ def test_stragglers_are_never_trained_and_upload_nothing(tmp_path, monkeypatch):
     trained = []
     train_client = ClientWorker._train_client
 
-    def recording(self, round, client_id, tensors, buffers):
+    def recording(self, round, client_id, tensors, buffers, seed):
         trained.append(round)
-        return train_client(self, round, client_id, tensors, buffers)
+        return train_client(self, round, client_id, tensors, buffers, seed)
 
     monkeypatch.setattr(ClientWorker, "_train_client", recording)
     result = rayfed.run(load_config(None, BASE + ["train.round_policy=deadline", "train.deadline_s=0.3"]),

@@ -74,6 +74,9 @@ class RoundInfo:
     # The selector's aggregation weights of the clients that count (selection.selector other than
     # uniform); None: the algorithm weights them itself (algorithm.agg_weighting).
     weights: dict[int, float] | None = None
+    # With such a selector, the importance p_i = D_i / sum_j D_j (over all N clients) of each client
+    # that counts: what MIFA weights its clients' latest updates by.
+    importances: dict[int, float] | None = None
 
 
 class Algorithm:

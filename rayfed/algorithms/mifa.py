@@ -1,5 +1,8 @@
 """MIFA and MIFAM (specs/gradma.md §3.5, Alg. 6): the server steps along the average of the
 latest update of every one of the N clients, stragglers included. MIFA is MIFAM with beta1 = 0.
+Under a selector other than uniform (specs/fedmos.md §3), whose target is sum_i p_i f_i, the
+average weights each client's latest update by its importance p_i instead of 1/N; the selector
+then only decides whose update is refreshed.
 
 Each client keeps its latest update g_old and uploads the change Delta = g_new - g_old, so the
 server's running average needs O(d) memory; the N latest updates live with the clients.
@@ -53,9 +56,14 @@ class MIFA(Algorithm):
     def server_step(self, state: MIFAServerState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[MIFAServerState, dict]:
         change_sum = state.average.new_zeros(state.average.shape)
-        for upload in uploads.values():
-            change_sum.add_(upload.tensors["change"])
-        average = state.average.add(change_sum.div_(round_info.num_clients))    # always 1/N, never 1/S
+        if round_info.importances is not None:
+            for client, upload in uploads.items():
+                change_sum.add_(upload.tensors["change"], alpha=round_info.importances[client])
+        else:
+            for upload in uploads.values():
+                change_sum.add_(upload.tensors["change"])
+            change_sum.div_(round_info.num_clients)                              # always 1/N, never 1/S
+        average = state.average.add(change_sum)
         momentum = state.momentum.mul(self.beta1).add_(average)                  # m_{t+1} = beta1 m_t + dbar_{t+1}
         params = state.params.sub(momentum, alpha=self.lr_global)
         return MIFAServerState(params=params, average=average, momentum=momentum), {}

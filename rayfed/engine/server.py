@@ -146,7 +146,7 @@ class Server:
             self.state, algorithm_metrics = self.algorithm.server_step(
                 self.state, {r.client_id: r.upload for r in counted},
                 RoundInfo(round=round, sampled=tuple(order), num_clients=self.config.data.num_clients,
-                          weights=self.round_weights))
+                          weights=self.round_weights, importances=self._importances(counted)))
             if self.round_weights is not None:
                 # ucs weights sum to 1 only on average (specs/fedmos.md A22: log it).
                 algorithm_metrics["weight_sum"] = sum(self.round_weights[r.client_id] for r in counted)
@@ -190,6 +190,13 @@ class Server:
             "eval": time.perf_counter() - stepped,
         }
         return metrics
+
+    def _importances(self, results: list[ClientResult]) -> dict[int, float] | None:
+        """p_i = D_i / sum_j D_j over all clients, of those that count, under a selector other than uniform."""
+        if self.round_weights is None:
+            return None
+        sizes = self.client_systems.client_sizes
+        return {r.client_id: float(sizes[r.client_id] / sizes.sum()) for r in results}
 
     def _buffered_arrivals(self, round: int, trained: list[ClientResult]):
         """async_buffered: park this round's launches, then take the next buffer_size arrivals,
@@ -238,7 +245,8 @@ class Server:
         self.warmup_bytes[0] += sum(r.nbytes for r in trained)
         self.state, _ = self.algorithm.server_step(
             self.state, {r.client_id: r.upload for r in trained},
-            RoundInfo(round=round, sampled=tuple(weights), num_clients=self.config.data.num_clients, weights=weights))
+            RoundInfo(round=round, sampled=tuple(weights), num_clients=self.config.data.num_clients, weights=weights,
+                      importances=weights))
         if self.buffers.numel():
             self.buffers = _weighted_buffers(trained)
         self.warmup_losses.append(float(np.mean([r.upload.metrics["train_loss"] for r in trained])))
