@@ -98,6 +98,8 @@ def test_t19_t20_multinomial_selectors_are_unbiased_with_the_exact_second_moment
     within_4_se(weights, p)
     within_4_se(aggregates, p @ vectors)
     table = acs_table(counts, num_draws) if selector == "acs" else np.repeat(p[:, None], num_draws, axis=1)
+    # the stated inclusion probability: the draws are independent, each by its column of Q
+    within_4_se(weights > 0, 1 - np.prod(1 - table, axis=1))
     second = (num_draws * p + num_draws ** 2 * p ** 2 - (table ** 2).sum(axis=1)) / num_draws ** 2   # Eq. (25)
     within_4_se(weights ** 2, second)
 
