@@ -185,7 +185,8 @@ def _without_unsupported_vectorize(config: Config, dataset, partition: Partition
     schedule = LocalSchedule.from_config(config.train)
     # Step counts scale alike in every round, so round 0's tell whether they ever differ.
     steps_differ = len({schedule.steps(0, int(size)) for size in partition.sizes}) > 1
-    reason = vectorize_blocker(config.algorithm.name, algorithm, model, steps_differ)
+    reason = vectorize_blocker(config.algorithm.name, algorithm, model, steps_differ,
+                               compressed=config.compression.name != "identity")
     if reason is None:
         return config
     print(f"rayfed: engine.vectorize: {reason}; training clients one after another", file=sys.stderr)

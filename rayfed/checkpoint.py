@@ -24,6 +24,7 @@ import torch
 
 from rayfed.algorithms.base import Upload
 from rayfed.algorithms.fedavg import FedAvgMState
+from rayfed.algorithms.fedgate import FedGATEClientState, FedGATEServerState
 from rayfed.algorithms.fedlalr import FedLALRState
 from rayfed.algorithms.fedmos import FedMoSState
 from rayfed.algorithms.fedopt import FedOptState
@@ -31,6 +32,7 @@ from rayfed.algorithms.gradma import GradMAClientState, GradMAServerState
 from rayfed.algorithms.lafedopt import LaFedOPTState
 from rayfed.algorithms.memory import GradientMemory
 from rayfed.algorithms.mifa import MIFAClientState, MIFAServerState
+from rayfed.algorithms.scaffold import ScaffoldClientState, ScaffoldServerState
 from rayfed.algorithms.server_optimizer import ServerOptimizerState
 from rayfed.algorithms.stem import STEMState
 from rayfed.config import Config
@@ -44,7 +46,8 @@ MAGIC = b"rayfed checkpoint, format 1\n"
 # The classes a checkpoint body may hold besides tensors and plain containers.
 STATE_CLASSES = [FedAvgMState, MIFAServerState, MIFAClientState, GradMAServerState, GradMAClientState,
                  GradientMemory, FedLALRState, FedOptState, ServerOptimizerState, LaFedOPTState, AsyncBuffer,
-                 InFlight, ClientResult, Upload, FedMoSState, STEMState]
+                 InFlight, ClientResult, Upload, FedMoSState, STEMState, FedGATEServerState, FedGATEClientState,
+                 ScaffoldServerState, ScaffoldClientState]
 HEADER_FIELDS = {"rounds_completed": int, "algorithm": str, "model": str, "config_sha256": str,
                  "metrics_sha256": str}
 

@@ -22,6 +22,7 @@ from rayfed.data.datasets import DATASETS, NORMALIZATIONS, TORCHVISION_DATASETS,
 from rayfed.data.partition import PARTITIONS, check_fedmos_clients
 from rayfed.errors import ConfigError
 from rayfed.faults import parse_fault
+from rayfed.compression import COMPRESSORS
 from rayfed.selection.selectors import SELECTORS, UCS_VARIANTS
 from rayfed.resources import MODEL_NAMES, check_availability_walk, check_memory, check_model
 from rayfed.systems.availability import AVAILABILITIES
@@ -48,6 +49,17 @@ INTERVAL_UNITS = ("epochs", "steps")
 # The adaptive interval's defaults: the paper's (k_init, k_alpha) = (4, 2) setting (specs/fedlalr.md §3.3).
 INTERVAL_DEFAULTS = {"interval_k_init": 4, "interval_k_alpha": 2.0, "interval_rounding": "floor",
                      "interval_unit": "epochs"}
+
+# The keys each compressor takes and their defaults (specs/fedcom.md §3.2, §5.2): QSGD's levels s,
+# a sparsifier's k (kept) or C_r (ratio, k = floor(C_r d / 2)), an affine quantizer's bits b and
+# AffineNoisy's zero-point noise N_z.
+COMPRESSION_KEYS = {"identity": {}, "qsgd": {"levels": 4}, "rand_k": {"kept": None, "ratio": 0.1},
+                    "top_k": {"kept": None, "ratio": 0.1}, "affine": {"bits": 8, "zero_point_noise": 0},
+                    "affine_stochastic": {"bits": 8}}
+# int16 codes: QSGD's signed levels and the affine quantizers' codes must fit.
+MAX_QSGD_LEVELS = 32767
+MAX_CODE_BITS = 16
+MAX_ZERO_POINT_NOISE = 2 ** 15
 
 # CACS's warm-up (specs/fedmos.md §3.7): T_e = 4 rounds with every client, K = M clusters, then
 # training restarts from the initial model.
@@ -221,6 +233,9 @@ class AlgorithmConfig(_Section):
     minibatches: Optional[_Text] = None
     server_momentum_skip_round0: Optional[_Flag] = None
     momentum_weights: Optional[_Text] = None
+    alpha: Optional[_number(le=None)] = None
+    own_term: Optional[_Text] = None
+    memory: Optional[_Flag] = None
     agg_weighting: Literal[AGG_WEIGHTINGS] = "uniform"
 
 
@@ -296,6 +311,17 @@ class SelectionConfig(_Section):
     cacs_continue_from_warmup: Optional[_Flag] = None
 
 
+class CompressionConfig(_Section):
+    name: Literal[COMPRESSORS] = "identity"
+    # Each operator's own keys (None: not set; COMPRESSION_KEYS' defaults for the chosen operator).
+    levels: Optional[_count(gt=0, le=MAX_QSGD_LEVELS)] = None
+    kept: Optional[_count(gt=0)] = None
+    ratio: Optional[_number(gt=0.0, le=1.0)] = None
+    bits: Optional[_count(gt=0, le=MAX_CODE_BITS)] = None
+    zero_point_noise: Optional[_count(ge=0, le=MAX_ZERO_POINT_NOISE)] = None
+    per_tensor: _Flag = False
+
+
 class LoggingConfig(_Section):
     tensorboard: _Flag = False
 
@@ -309,6 +335,7 @@ class Config(_Section):
     systems: SystemsConfig = Field(default_factory=SystemsConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
+    compression: CompressionConfig = Field(default_factory=CompressionConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -398,6 +425,7 @@ def _check_combinations(config: Config) -> None:
     _resolve_async(config)
     _resolve_interval(train)
     _check_selection(config)
+    _resolve_compression(config)
     if data.normalize != "channel" and data.dataset not in TORCHVISION_DATASETS:
         raise ConfigError(f"data.normalize={data.normalize} applies to the torchvision image datasets "
                           f"({', '.join(TORCHVISION_DATASETS)}), not data.dataset={data.dataset}")
@@ -438,6 +466,33 @@ def _check_selection(config: Config) -> None:
                           f"sum to 1 only on average, and {algorithm} averages models, not updates")
 
 
+def _resolve_compression(config: Config) -> None:
+    """Fills the chosen compressor's defaults; a key of another operator is an error, as is a
+    compressor for an algorithm whose upload it cannot carry."""
+    compression = config.compression
+    takes = COMPRESSION_KEYS[compression.name]
+    for key in ("levels", "kept", "ratio", "bits", "zero_point_noise"):
+        if key not in takes and getattr(compression, key) is not None:
+            users = [name for name, keys in COMPRESSION_KEYS.items() if key in keys]
+            raise ConfigError(f"compression.{key} only applies to compression.name={' or '.join(users)}")
+    if compression.kept is not None and compression.ratio is not None:
+        raise ConfigError("compression.kept and compression.ratio both give a sparsifier's k: set one")
+    for key, default in takes.items():
+        if getattr(compression, key) is None and not (key == "ratio" and compression.kept is not None):
+            setattr(compression, key, default)
+    if compression.per_tensor and compression.name == "identity":
+        raise ConfigError("compression.per_tensor only applies with a compression.name other than identity")
+    if compression.name != "identity" and config.algorithm.name == "fedgate":
+        raise ConfigError(f"compression.name={compression.name} does not apply to fedgate, which sends its update "
+                          f"uncompressed: FedGATE with compression is algorithm.name=fedcomgate")
+    if config.algorithm.memory and compression.name != "top_k":
+        raise ConfigError("algorithm.memory (error feedback) goes with compression.name=top_k (specs/fedcom.md §2.4)")
+    if compression.name != "identity" and ALGORITHMS[config.algorithm.name].build.compressed_upload is None:
+        compressing = ", ".join(name for name, entry in ALGORITHMS.items() if entry.build.compressed_upload)
+        raise ConfigError(f"compression.name={compression.name} does not apply to {config.algorithm.name}, whose "
+                          f"uploads are not one model update (compression applies to: {compressing})")
+
+
 def _resolve_interval(train: TrainConfig) -> None:
     if train.interval == "fixed":
         for key in INTERVAL_DEFAULTS:
@@ -472,6 +527,9 @@ def _resolve_async(config: Config) -> None:
     if config.algorithm.name in MODEL_UPLOADING_ALGORITHMS:
         raise ConfigError(f"train.round_policy=async_buffered does not apply to {config.algorithm.name}, whose "
                           f"clients upload models and moments: stale ones would pull the server's back")
+    if config.algorithm.name in ("fedgate", "fedcomgate"):
+        raise ConfigError(f"train.round_policy=async_buffered does not apply to {config.algorithm.name}: its clients "
+                          f"track with the average of the round they trained in, which a buffered server never forms")
     if train.staleness_weight != "none" and config.algorithm.name not in STALENESS_WEIGHTED_ALGORITHMS:
         raise ConfigError(f"train.staleness_weight={train.staleness_weight} scales model updates; "
                           f"{config.algorithm.name} uploads something else (use it with "

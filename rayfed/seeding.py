@@ -22,6 +22,7 @@ class Purpose(IntEnum):
     AUGMENT = 9
     SHAKESPEARE_CLIENTS = 10
     SELECTION_WARMUP = 11
+    COMPRESSION = 12
 
 
 def derive_seed(seed: int, purpose: Purpose, round: int = 0, client_id: int = 0) -> int:

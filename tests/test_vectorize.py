@@ -43,6 +43,7 @@ def test_vectorized_ray_workers_match_the_local_engine(tmp_path, ray_cluster):
     (["model.name=mlp", "model.hidden_sizes=[8]"], "BatchNorm1d layers"),
     (["algorithm.name=mifa"], "algorithm mifa has no batched local step"),
     (["train.local_epochs=1", "train.batch_size=16"], "local epochs give this partition's clients different numbers"),
+    (["compression.name=qsgd"], "compressed uploads are encoded client by client"),
 ])
 def test_unbatchable_runs_say_why_and_train_sequentially(tmp_path, capsys, overrides, reason):
     fallback = run(tmp_path, SMALL + overrides + ["engine.vectorize=true"], "fallback")

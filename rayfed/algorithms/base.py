@@ -88,6 +88,12 @@ class Algorithm:
     # Whether client_train, given a ClientBatchTask, trains a stack of clients at once: true
     # when it is local_sgd plus broadcasting tensor ops and keeps no client state.
     vectorizable = False
+    # The upload a compressor (compression.*) may encode on its way to the server: one model update,
+    # decoded before server_step. None: this algorithm's uploads are not compressed.
+    compressed_upload: str | None = None
+    # Whether the server replies to the round's clients after its step (server_reply), and they
+    # update their state with it (client_finish): FedGATE's tracking needs the round's average.
+    replies = False
 
     def server_init(self, params: Tensor, num_clients: int) -> Any:
         raise NotImplementedError
@@ -113,6 +119,14 @@ class Algorithm:
                     round_info: RoundInfo) -> tuple[Any, dict[str, float]]:
         """The next server state and the round's algorithm metrics (diagnostics for metrics.jsonl).
         `uploads` is ordered by client id; combining in that order keeps runs bitwise reproducible."""
+        raise NotImplementedError
+
+    def server_reply(self, server_state: Any) -> dict[str, Tensor]:
+        """What the server sends the round's clients after its step (only when `replies`)."""
+        raise NotImplementedError
+
+    def client_finish(self, client_state: Any, reply: dict[str, Tensor], sent: Tensor) -> Any:
+        """A client's state once the reply came; `sent`: its compressed upload as the server decoded it."""
         raise NotImplementedError
 
     def state_bytes(self, state: Any) -> int:

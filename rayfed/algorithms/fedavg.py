@@ -21,6 +21,7 @@ class FedAvgMState:
 class FedAvgM(Algorithm):
     keeps_client_state = False
     vectorizable = True
+    compressed_upload = "update"
 
     def __init__(self, lr_local: float, lr_global: float,
                  beta1: float = 0.0, mu: float = 0.0, agg_weighting: str = "uniform"):

@@ -29,6 +29,7 @@ class FedMoSState:
 class FedMoS(Algorithm):
     keeps_client_state = False
     vectorizable = True
+    compressed_upload = "delta"
 
     def __init__(self, lr_local: float, lr_global: float, *, a: float, mu: float, beta1: float,
                  init_grad: str = "full", init_batch: int | None = None, client_estimator: str = "storm_paper",

@@ -24,6 +24,7 @@ class FedOptState:
 class FedOpt(Algorithm):
     keeps_client_state = False
     vectorizable = True
+    compressed_upload = "delta"
 
     def __init__(self, lr_local: float, lr_global: float, *, server_optimizer: str, beta1: float = 0.0,
                  beta2: float = 0.0, tau: float | None = None, eps: float | None = None,

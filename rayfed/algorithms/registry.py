@@ -12,12 +12,14 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from rayfed.algorithms.base import Algorithm
 from rayfed.algorithms.fedavg import FedAvgM
+from rayfed.algorithms.fedgate import OWN_TERMS, FedGATE
 from rayfed.algorithms.fedlalr import FedLALR
 from rayfed.algorithms.fedmos import INIT_GRADS, FedMoS
 from rayfed.algorithms.fedopt import FedOpt
 from rayfed.algorithms.gradma import GradMA
 from rayfed.algorithms.lafedopt import LaFedOPT
 from rayfed.algorithms.mifa import MIFA
+from rayfed.algorithms.scaffold import Scaffold
 from rayfed.algorithms.stem import MOMENTUM_WEIGHTS, STEM
 from rayfed.algorithms.storm import ESTIMATORS, MINIBATCHES
 from rayfed.errors import ConfigError
@@ -61,6 +63,9 @@ HYPERPARAMETERS: dict[str, Any] = {
     "minibatches": Literal[MINIBATCHES],
     "server_momentum_skip_round0": bool,
     "momentum_weights": Literal[MOMENTUM_WEIGHTS],
+    "alpha": Annotated[float, Field(gt=0.0, le=1.0)],
+    "own_term": Literal[OWN_TERMS],
+    "memory": bool,
 }
 _CHECKERS = {key: TypeAdapter(declared) for key, declared in HYPERPARAMETERS.items()}
 
@@ -108,9 +113,16 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
     "lafedopt": AlgorithmEntry(LaFedOPT, {"beta1": 0.8, "beta2": 0.999, "eps": 1e-4, "correction": "joint"}),
     "fedmos": AlgorithmEntry(FedMoS, _FEDMOS, server_lr=False),
     "stem": AlgorithmEntry(STEM, {"a": 0.1, "minibatches": "independent", "momentum_weights": "ucs"}, server_lr=False),
+    # specs/fedcom.md §2: FedCOM is FedAvg with a server step gamma (lr_global) and a compressed upload;
+    # FedPAQ is FedCOM with gamma = 1 as the FedPAQ paper runs it. The names are FedAvgM's, for reports.
+    "fedcom": AlgorithmEntry(FedAvgM, {}, {"beta1": 0.0, "mu": 0.0}),
+    "fedpaq": AlgorithmEntry(FedAvgM, {}, {"beta1": 0.0, "mu": 0.0}),
+    "fedgate": AlgorithmEntry(FedGATE, {"alpha": 1.0}, {"own_term": "compressed", "memory": False}, weighted=False),
+    "fedcomgate": AlgorithmEntry(FedGATE, {"alpha": 1.0, "own_term": "compressed", "memory": False}, weighted=False),
+    "scaffold": AlgorithmEntry(Scaffold, {}),
 }
-# Algorithms whose server step needs the round's local-step count and learning-rate decay (train.*).
-_TRAIN_AWARE = (FedMoS,)
+# What of train.* an algorithm's server step needs: FedMoS's normalisation eta_t I, FedGATE's eta_t.
+_TRAIN_AWARE = {FedMoS: ("local_steps", "lr_decay"), FedGATE: ("lr_decay",)}
 
 
 def resolve_hyperparameters(algorithm_config) -> None:
@@ -170,7 +182,7 @@ def _number(value) -> str:
 
 def build_algorithm(algorithm_config, param_blocks: list[tuple[int, int]], train=None) -> Algorithm:
     """The configured algorithm; `train` (the config's train section) gives FedMoS the I and the
-    decay of its server normalisation eta_t I (without it, I = 1 and no decay: only u's scale changes)."""
+    decay of its server normalisation eta_t I, FedGATE its eta_t (without it: I = 1, no decay)."""
     entry = ALGORITHMS[algorithm_config.name]
     arguments = {key: getattr(algorithm_config, key) for key in entry.defaults}
     arguments.update(entry.fixed)
@@ -178,7 +190,7 @@ def build_algorithm(algorithm_config, param_blocks: list[tuple[int, int]], train
         arguments["agg_weighting"] = algorithm_config.agg_weighting
     if entry.build is GradMA:
         arguments["param_blocks"] = param_blocks
-    if entry.build in _TRAIN_AWARE and train is not None:
-        arguments["local_steps"] = train.local_epochs or train.local_steps
-        arguments["lr_decay"] = train.lr_decay
+    if train is not None:
+        train_values = {"local_steps": train.local_epochs or train.local_steps, "lr_decay": train.lr_decay}
+        arguments.update({key: train_values[key] for key in _TRAIN_AWARE.get(entry.build, ())})
     return entry.build(lr_local=algorithm_config.lr_local, lr_global=algorithm_config.lr_global, **arguments)

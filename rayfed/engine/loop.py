@@ -61,6 +61,12 @@ def play_round(engine: Engine, round: int, clients_keep_state: bool, faults: Fau
     lost = [client for worker in failed for client in per_worker[worker]]
     enact_due(engine, faults, SERVER, round, "step")
     metrics = engine.get(engine.server.step(round, *delivered.values(), lost=lost))
+    if clients_keep_state:
+        reply = engine.get(engine.server.reply())
+        if reply is not None:
+            tensors, participants = reply
+            engine.get([engine.workers[worker].finish_round(tensors, [c for c in per_worker[worker] if c in participants])
+                        for worker in delivered])
     if failed:
         metrics["failed_workers"] = {str(worker): why for worker, why in sorted(failed.items())}
     return metrics

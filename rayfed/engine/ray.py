@@ -87,6 +87,9 @@ class RayClientWorker:
     def commit(self) -> None:
         self.attached().commit()
 
+    def finish_round(self, reply, client_ids: list[int]) -> None:
+        self.attached().finish_round(reply, client_ids)
+
     def discard(self) -> None:
         self.attached().discard()
 

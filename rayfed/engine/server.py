@@ -19,6 +19,7 @@ from rayfed.engine.process_memory import peak_rss
 from rayfed.engine.worker import as_tensor, device_for, tensors_to, threads_per_process
 from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, derive_seed, numpy_rng
+from rayfed.compression import FLOAT_BITS, build_compressor, decode_upload
 from rayfed.selection import ClientOrder, cluster_order, select
 from rayfed.systems.async_buffer import AsyncBuffer
 from rayfed.systems.clients import ClientSystems
@@ -42,6 +43,12 @@ class Server:
         self.model = FlatModel(build_model(config.model.name, input_shape, num_classes,
                                            config.model.hidden_sizes), self.device)
         self.algorithm = build_algorithm(config.algorithm, self.model.blocks, config.train)
+        self.compressor = (build_compressor(config.compression, self.model.blocks)
+                           if config.compression.name != "identity" else None)
+        # Cumulative bits up and down, as a deployment would send them (specs/fedcom.md §3.3).
+        self.bits_totals = [0, 0]
+        # The last step's reply to its clients and who they are (Algorithm.replies), until the driver takes it.
+        self.pending_reply: tuple[dict[str, Tensor], set[int]] | None = None
         self.schedule = LocalSchedule.from_config(config.train)
         self.state = self.algorithm.server_init(self.model.params.clone(), config.data.num_clients)
         self.buffers = self.model.buffers.clone()
@@ -125,7 +132,7 @@ class Server:
         """Completes round `round` (0-based) from the workers' results; returns its metrics. `lost`:
         clients trained this round whose results never came (their worker was late or died)."""
         step_started_at, started = time.time(), time.perf_counter()
-        trained = [r for packed in worker_results for r in packed.to(self.device).unpack()]
+        trained = [self._decoded(r) for packed in worker_results for r in packed.to(self.device).unpack()]
         unpack_s = time.perf_counter() - started
         if self.async_buffer is not None:
             self.async_buffer.forget(lost)
@@ -147,12 +154,15 @@ class Server:
                 self.state, {r.client_id: r.upload for r in counted},
                 RoundInfo(round=round, sampled=tuple(order), num_clients=self.config.data.num_clients,
                           weights=self.round_weights, importances=self._importances(counted)))
+            if self.algorithm.replies:
+                reply = {name: t.cpu() for name, t in self.algorithm.server_reply(self.state).items()}
+                self.pending_reply = (reply, {r.client_id for r in counted})
             if self.round_weights is not None:
                 # ucs weights sum to 1 only on average (specs/fedmos.md A22: log it).
                 algorithm_metrics["weight_sum"] = sum(self.round_weights[r.client_id] for r in counted)
             if self.buffers.numel():
                 self.buffers = _weighted_buffers(counted)
-            self.upload_bytes = max(r.nbytes for r in counted)
+            self.upload_bytes = max(_sent_bytes(r) for r in counted)
         metrics = {
             "round": round + 1,
             "train_loss": float(np.mean([r.upload.metrics["train_loss"] for r in counted])) if counted else math.nan,
@@ -163,8 +173,9 @@ class Server:
             "num_participants": len(counted),
             "num_lost": len(lost),
             **extra,
-            "bytes_up": sum(r.nbytes for r in counted),
-            "bytes_down": down_bytes * len(self.plan.sampled),
+            "bytes_up": sum(_sent_bytes(r) for r in counted),
+            "bytes_down": down_bytes * len(self.plan.sampled) + self._reply_bytes(),
+            **self._bits(counted, down_bytes),
             "virtual_time_s": self.virtual_time_s,
             **algorithm_metrics,
         }
@@ -189,6 +200,44 @@ class Server:
             "server_step": stepped - started - unpack_s,
             "eval": time.perf_counter() - stepped,
         }
+        return metrics
+
+    def _reply_bytes(self) -> int:
+        if self.pending_reply is None:
+            return 0
+        reply, clients = self.pending_reply
+        return sum(t.numel() * t.element_size() for t in reply.values()) * len(clients)
+
+    def _decoded(self, result: ClientResult) -> ClientResult:
+        """`result` with its compressed update decoded (what the algorithm aggregates); its metrics keep
+        the message's bits."""
+        if self.compressor is None:
+            return result
+        tensors = decode_upload(result.upload.tensors, self.algorithm.compressed_upload, self.compressor,
+                                self.model.num_params)
+        upload = Upload(tensors, result.upload.num_samples, {**result.upload.metrics, "bytes_sent": result.nbytes})
+        return ClientResult(result.client_id, upload, result.buffers)
+
+    def _bits(self, counted: list[ClientResult], down_bytes: int) -> dict:
+        """The round's bits up (each counted upload: its message's bits, 32 a float for the rest) and
+        down (32 a float of the broadcast, to every sampled client), and their running totals."""
+        up = 0
+        for result in counted:
+            upload = result.upload
+            message_bits = upload.metrics.get("message_bits")
+            floats = sum(t.numel() for name, t in upload.tensors.items()
+                         if message_bits is None or name != self.algorithm.compressed_upload)
+            up += int(message_bits or 0) + FLOAT_BITS * (floats + result.buffers.numel())
+        down = 8 * down_bytes * len(self.plan.sampled)
+        if self.pending_reply is not None:
+            reply, clients = self.pending_reply
+            down += FLOAT_BITS * sum(t.numel() for t in reply.values()) * len(clients)     # float32 replies
+        self.bits_totals = [self.bits_totals[0] + up, self.bits_totals[1] + down]
+        metrics = {"bits_up": up, "bits_down": down, "bits_up_total": self.bits_totals[0],
+                   "bits_down_total": self.bits_totals[1]}
+        errors = [r.upload.metrics["compression_error"] for r in counted if "compression_error" in r.upload.metrics]
+        if errors:
+            metrics["compression_error"] = float(np.mean(errors))
         return metrics
 
     def _importances(self, results: list[ClientResult]) -> dict[int, float] | None:
@@ -242,7 +291,7 @@ class Server:
         sizes = self.client_systems.client_sizes
         weights = {r.client_id: float(sizes[r.client_id] / sizes.sum()) for r in trained}
         self.warmup_bytes[1] += self._broadcast().nbytes * len(trained)
-        self.warmup_bytes[0] += sum(r.nbytes for r in trained)
+        self.warmup_bytes[0] += sum(_sent_bytes(r) for r in trained)
         self.state, _ = self.algorithm.server_step(
             self.state, {r.client_id: r.upload for r in trained},
             RoundInfo(round=round, sampled=tuple(weights), num_clients=self.config.data.num_clients, weights=weights,
@@ -277,6 +326,11 @@ class Server:
         }
         return self.warmup_summary
 
+    def reply(self) -> tuple[dict[str, Tensor], set[int]] | None:
+        """The last step's reply and the clients it goes to; None when there is none (taken once)."""
+        reply, self.pending_reply = self.pending_reply, None
+        return reply
+
     def warmup_report(self) -> dict | None:
         return self.warmup_summary
 
@@ -289,7 +343,7 @@ class Server:
                            "client_order": None if self.client_order is None else
                            {"order": torch.from_numpy(self.client_order.order),
                             "labels": torch.from_numpy(self.client_order.labels)},
-                           "warmup_summary": self.warmup_summary},
+                           "warmup_summary": self.warmup_summary, "bits_totals": list(self.bits_totals)},
                           torch.device("cpu"))
 
     def restore(self, snapshot: dict) -> None:
@@ -303,6 +357,7 @@ class Server:
         self.client_order = None if order is None else ClientOrder(order["order"].cpu().numpy(),
                                                                    order["labels"].cpu().numpy())
         self.warmup_summary = snapshot["warmup_summary"]
+        self.bits_totals = list(snapshot["bits_totals"])
         self.before_warmup = None
 
     def evaluate(self, inputs: Tensor | None = None, targets: Tensor | None = None) -> tuple[float, float]:
@@ -319,6 +374,11 @@ class Server:
     def state_bytes(self) -> int:
         """Bytes of algorithm state the server holds (model included)."""
         return self.algorithm.state_bytes(self.state) + self.buffers.numel() * self.buffers.element_size()
+
+
+def _sent_bytes(result: ClientResult) -> int:
+    """The bytes a client's upload took on its way here: its message's, when it came compressed."""
+    return int(result.upload.metrics.get("bytes_sent", result.nbytes))
 
 
 def _weighted_buffers(results: list[ClientResult]) -> Tensor:

@@ -15,6 +15,7 @@ from torch import Tensor
 from rayfed.algorithms.base import Batch, Upload
 from rayfed.algorithms.local_training import LocalSchedule, TrainingTask
 from rayfed.algorithms.registry import build_algorithm
+from rayfed.compression import MESSAGE_SEPARATOR, build_compressor
 from rayfed.config import Config
 from rayfed.data.augment import random_crop_flip
 from rayfed.data.partition import Partition
@@ -170,12 +171,18 @@ class ClientWorker:
         self.model = FlatModel(build_model(config.model.name, input_shape, num_classes,
                                            config.model.hidden_sizes), self.device)
         self.algorithm = build_algorithm(config.algorithm, self.model.blocks, config.train)
+        # compression.*: what encodes the algorithm's update on its way to the server (None: nothing does).
+        self.compressor = (build_compressor(config.compression, self.model.blocks)
+                           if config.compression.name != "identity" else None)
         self.schedule = LocalSchedule.from_config(config.train)
         # Created on a client's first participation, so clients that never train cost nothing.
         self.client_states: dict[int, Any] = {}
         # States from the last train() call, kept until the driver knows whether its uploads counted:
         # a client whose upload was lost (late, or its worker died) must not move on without the server.
         self.pending_states: dict[int, Any] = {}
+        # Algorithms whose server replies (FedGATE): each trained client's update as the server will decode
+        # it, until the reply comes.
+        self.sent_updates: dict[int, Tensor] = {}
 
     def train(self, round: int, down: Broadcast, client_ids: list[int]) -> WorkerResult:
         return self._train(round, down, client_ids, self.config.seed)
@@ -228,10 +235,32 @@ class ClientWorker:
             state = self.algorithm.client_init(client_id)
         upload, state = self.algorithm.client_train(task, tensors, state)
         upload.metrics["local_steps"] = task.steps
+        name = self.algorithm.compressed_upload
+        sent = upload.tensors.get(name) if name is not None else None
+        if self.compressor is not None:
+            sent = self._compress(upload, round, client_id)
+        if self.algorithm.replies:
+            self.sent_updates[client_id] = sent
         if state is not None:
             self.pending_states[client_id] = state
         upload.tensors = {name: t.cpu() for name, t in upload.tensors.items()}
         return ClientResult(client_id, upload, self.model.buffers.cpu().clone())
+
+    def _compress(self, upload: Upload, round: int, client_id: int) -> Tensor:
+        """Replaces the algorithm's update with the message that carries it, drawn from the client's
+        own stream (seed, round, client); records the message's bits and its relative error (§3.4).
+        Returns the update as the server will decode it."""
+        name = self.algorithm.compressed_upload
+        update = upload.tensors.pop(name)
+        # A CPU stream whatever the device: the same draws on a GPU worker as on a CPU one.
+        message = self.compressor.compress(update, torch_generator(self.config.seed, Purpose.COMPRESSION, round,
+                                                                   client_id))
+        upload.tensors.update({f"{name}{MESSAGE_SEPARATOR}{part}": value for part, value in message.parts.items()})
+        decoded = self.compressor.decompress(message, update.numel())
+        norm = float(update.double().pow(2).sum())
+        upload.metrics["message_bits"] = message.bits
+        upload.metrics["compression_error"] = float((decoded - update).double().pow(2).sum()) / norm if norm else 0.0
+        return decoded
 
     def _train_clients_together(self, round: int, client_ids: list[int], tensors: dict[str, Tensor],
                                 seed: int) -> Upload:
@@ -264,6 +293,16 @@ class ClientWorker:
 
     def discard(self) -> None:
         self.pending_states = {}
+        self.sent_updates = {}
+
+    def finish_round(self, reply: dict[str, Tensor], client_ids: list[int]) -> None:
+        """The server's reply to the round's clients whose uploads counted (Algorithm.replies): each
+        updates its committed state with it."""
+        reply = {name: tensor.to(self.device) for name, tensor in reply.items()}
+        for client_id in client_ids:
+            self.client_states[client_id] = self.algorithm.client_finish(self.client_states[client_id], reply,
+                                                                         self.sent_updates[client_id])
+        self.sent_updates = {}
 
     def snapshot_client_states(self) -> dict[int, Any]:
         return {client: tensors_to(state, torch.device("cpu")) for client, state in self.client_states.items()}

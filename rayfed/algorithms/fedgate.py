@@ -1,0 +1,93 @@
+"""FedGATE and FedCOMGATE (specs/fedcom.md §2.2-2.4, Algorithms 2-4): local SGD corrected by a
+gradient-tracking vector delta_j that each client keeps, with the upload compressed (compression.*).
+
+Client j in round r: tau steps x <- x - eta (g - delta_j) from w^(r); it uploads
+Delta_j = (w^(r) - x) / eta, which the worker compresses to M_j. The server averages the messages,
+Delta_bar = (1/K) sum_j M_j, steps w^(r+1) = w^(r) - eta gamma Delta_bar, and replies Delta_bar to
+the round's clients, which then track: delta_j <- delta_j + (alpha / tau) (M_j - Delta_bar) (their own
+message as sent: the zero-sum invariant sum_j delta_j = 0 holds for any compressor). FedGATE is the
+uncompressed case. With `memory` (top-k with error feedback, §2.4's code-consistent rules) the client
+uploads Delta_j + nu_j and, with its uncompressed Delta_j, tracks delta_j += (Delta_j - Delta_bar) / tau
+and remembers nu_j += Delta_j - Delta_bar. Clients not sampled keep their state untouched.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rayfed.algorithms.base import Algorithm, ClientTask, RoundInfo, Upload, local_descent, weighted_average
+
+OWN_TERMS = ("compressed", "uncompressed")
+
+
+@dataclass
+class FedGATEServerState:
+    params: Tensor                  # w^(r)
+    average: Tensor | None          # Delta_bar of the last round, replied to its clients
+
+
+@dataclass
+class FedGATEClientState:
+    tracking: Tensor                # delta_j, zero before the client's first round
+    memory: Tensor | None           # nu_j (with memory), in update units
+    update: Tensor | None           # this round's uncompressed Delta_j until the reply comes
+    steps: int                      # this round's tau
+
+
+class FedGATE(Algorithm):
+    keeps_client_state = True
+    compressed_upload = "update"
+    replies = True
+
+    def __init__(self, lr_local: float, lr_global: float, *, alpha: float = 1.0, own_term: str = "compressed",
+                 memory: bool = False, lr_decay: float = 1.0):
+        self.lr_local = lr_local        # eta
+        self.lr_global = lr_global      # gamma
+        self.alpha = alpha
+        self.own_term = own_term
+        self.memory = memory
+        self.lr_decay = lr_decay
+
+    def server_init(self, params: Tensor, num_clients: int) -> FedGATEServerState:
+        return FedGATEServerState(params=params.clone(), average=None)
+
+    def broadcast(self, state: FedGATEServerState) -> dict[str, Tensor]:
+        return {"params": state.params}
+
+    def global_params(self, state: FedGATEServerState) -> Tensor:
+        return state.params
+
+    def client_train(self, task: ClientTask, down: dict[str, Tensor],
+                     client_state: FedGATEClientState | None) -> tuple[Upload, FedGATEClientState]:
+        global_params = down["params"]
+        tracking = client_state.tracking if client_state is not None else torch.zeros_like(global_params)
+        memory = None
+        if self.memory:
+            memory = client_state.memory if client_state is not None else torch.zeros_like(global_params)
+        lr = self.lr_local * task.lr_factor
+        local, mean_loss = local_descent(task, global_params, self.lr_local,
+                                         lambda grad, params, step: grad - tracking)
+        update = (global_params - local) / lr                              # Delta_j = sum_c (g - delta_j)
+        sent = update + memory if self.memory else update
+        return (Upload({"update": sent}, task.num_samples, {"train_loss": mean_loss}),
+                FedGATEClientState(tracking=tracking, memory=memory, update=update, steps=task.steps))
+
+    def server_step(self, state: FedGATEServerState, uploads: dict[int, Upload],
+                    round_info: RoundInfo) -> tuple[FedGATEServerState, dict]:
+        average = weighted_average(uploads, "update", "uniform", round_info.weights)      # Delta_bar
+        lr = self.lr_local * self.lr_decay ** round_info.round
+        return FedGATEServerState(params=state.params.sub(average, alpha=lr * self.lr_global), average=average), {}
+
+    def server_reply(self, state: FedGATEServerState) -> dict[str, Tensor]:
+        return {"average": state.average}
+
+    def client_finish(self, client_state: FedGATEClientState, reply: dict[str, Tensor],
+                      sent: Tensor) -> FedGATEClientState:
+        """The tracking update once Delta_bar is back; `sent` is the client's upload as the server decoded it."""
+        average = reply["average"]
+        own = client_state.update if self.memory or self.own_term == "uncompressed" else sent
+        tracking = client_state.tracking.add(own - average, alpha=self.alpha / client_state.steps)
+        memory = client_state.memory + client_state.update - average if self.memory else None
+        return FedGATEClientState(tracking=tracking, memory=memory, update=None, steps=client_state.steps)

@@ -1,0 +1,255 @@
+"""FedCOM, FedGATE, FedCOMGATE and SCAFFOLD against specs/fedcom.md §7 (T-A*, T-B*) on the spec's
+float64 quadratic testbed, the worker's compression and reply steps written out by hand."""
+import numpy as np
+import pytest
+import torch
+
+from rayfed.algorithms.base import RoundInfo
+from rayfed.compression import QSGD, Identity, RandK, TopK
+from rayfed.seeding import Purpose, torch_generator
+from tests.fakes import make
+
+F64 = torch.float64
+M, DIM = 10, 20
+
+
+class QuadraticClient:
+    """f_j(w) = 1/2 (w - c_j)' H_j (w - c_j), H_j = A A'/d + 0.5 I (the spec's testbed); its gradients
+    are exact (sigma = 0) unless `noise`, a fixed sequence of perturbations per step."""
+
+    def __init__(self, j, steps=10, noise=None):
+        generator = torch.Generator().manual_seed(40 + j)
+        root = torch.randn(DIM, DIM, generator=generator, dtype=F64)
+        self.H = root @ root.T / DIM + 0.5 * torch.eye(DIM, dtype=F64)
+        self.c = 3 * torch.randn(DIM, generator=generator, dtype=F64)
+        self.steps, self.lr_factor, self.num_samples = steps, 1.0, 10
+        self.noise = noise
+        self.position = 0
+        self.gradients = []
+
+    def start_from(self, params):
+        self.params = params.clone()
+        return self.params
+
+    def next_batch(self):
+        self.position += 1
+        return self.position - 1
+
+    def loss_and_grad(self, params, batch):
+        grad = self.H @ (params - self.c)
+        if self.noise is not None:
+            grad = grad + self.noise[batch % len(self.noise)]
+        self.gradients.append(grad.clone())
+        return (0.5 * (params - self.c) @ self.H @ (params - self.c)).detach(), grad
+
+    def decay(self, params, lr):
+        pass
+
+
+def optimum(clients):
+    H = sum(client.H for client in clients)
+    return torch.linalg.solve(H, sum(client.H @ client.c for client in clients))
+
+
+class Run:
+    def __init__(self):
+        self.params, self.states, self.messages, self.averages, self.updates = [], [], [], [], []
+
+
+def play(algorithm, rounds, compressor=None, sampled=None, steps=10, seed=0, noise=None, stop_above=None):
+    """Rounds of `algorithm` on the testbed, as the worker and server run them: each client's update
+    compressed from its own stream, the server aggregating what it decodes, then the reply."""
+    clients = [QuadraticClient(j, steps, noise) for j in range(M)]
+    state = algorithm.server_init(torch.zeros(DIM, dtype=F64), M)
+    client_states, run = {}, Run()
+    name = algorithm.compressed_upload
+    for round in range(rounds):
+        chosen = sorted(sampled(round)) if sampled else list(range(M))
+        down = algorithm.broadcast(state)
+        uploads, sent, raw = {}, {}, {}
+        for j in chosen:
+            upload, client_states[j] = algorithm.client_train(clients[j], down, client_states.get(j))
+            if name is not None:
+                raw[j] = upload.tensors[name]
+                if compressor is not None:
+                    generator = torch_generator(seed, Purpose.COMPRESSION, round, j)
+                    upload.tensors[name] = compressor.decompress(compressor.compress(raw[j], generator), DIM)
+                sent[j] = upload.tensors[name]
+            uploads[j] = upload
+        state, _ = algorithm.server_step(state, uploads, RoundInfo(round, tuple(chosen), M))
+        if algorithm.replies:
+            reply = algorithm.server_reply(state)
+            for j in chosen:
+                client_states[j] = algorithm.client_finish(client_states[j], reply, sent[j])
+            run.averages.append(reply["average"])
+        run.params.append(algorithm.global_params(state))
+        run.states.append(dict(client_states))
+        run.messages.append(sent)
+        run.updates.append(raw)
+        if stop_above is not None and run.params[-1].norm() > stop_above:
+            break
+    return run, clients
+
+
+def tracking(run, round, j):
+    return run.states[round][j].tracking
+
+
+# ---- equivalences (T-A1 .. T-A8) ----
+
+@pytest.mark.parametrize("gamma", [1.0, 0.6])
+def test_a1_a2_fedcom_with_identity_moves_to_the_gamma_mix_of_the_local_models(gamma):
+    fedcom = make("fedcom", lr_local=0.02, lr_global=gamma)
+    clients = [QuadraticClient(j) for j in range(M)]
+    w = torch.zeros(DIM, dtype=F64)
+    run, _ = play(fedcom, rounds=3)
+    for params in run.params:
+        local = []
+        for client in clients:
+            x = w.clone()
+            for _ in range(10):
+                x = x - 0.02 * client.H @ (x - client.c)
+            local.append(x)
+        w = (1 - gamma) * w + gamma * torch.stack(local).mean(0)
+        torch.testing.assert_close(params, w, rtol=0, atol=1e-12)
+
+
+def test_a3_one_local_step_is_minibatch_sgd_and_tracks_the_gradient_spread():
+    for name in ("fedcom", "fedcomgate"):
+        algorithm = make(name, lr_local=0.02, lr_global=0.7)
+        run, clients = play(algorithm, rounds=3, steps=1)
+        w = torch.zeros(DIM, dtype=F64)
+        for round, params in enumerate(run.params):
+            grads = torch.stack([client.H @ (w - client.c) for client in clients])
+            w = w - 0.02 * 0.7 * grads.mean(0)
+            torch.testing.assert_close(params, w, rtol=0, atol=1e-12)
+            if name == "fedcomgate":
+                for j in range(M):
+                    # delta_j^(r+1) = g_j^(r) - mean_i g_i^(r): the deltas cancel in the average
+                    torch.testing.assert_close(tracking(run, round, j), grads[j] - grads.mean(0), rtol=0, atol=1e-12)
+
+
+def test_a5_fedgate_is_scaffold_under_full_participation():
+    gate, _ = play(make("fedgate", lr_local=0.02, lr_global=1.0), rounds=30)
+    scaffold, _ = play(make("scaffold", lr_local=0.02, lr_global=1.0), rounds=30)
+    for a, b in zip(gate.params, scaffold.params):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_a6_round_0_of_fedcomgate_is_fedcoms_with_the_same_draws():
+    gate, _ = play(make("fedcomgate", lr_local=0.02, lr_global=1.0), rounds=1, compressor=QSGD(2))
+    com, _ = play(make("fedcom", lr_local=0.02, lr_global=1.0), rounds=1, compressor=QSGD(2))
+    torch.testing.assert_close(gate.params[0], com.params[0], rtol=0, atol=1e-12)
+
+
+def test_a7_a8_tracking_is_the_sum_of_own_messages_minus_averages():
+    alpha, steps = 0.5, 10
+    sampled = lambda round: np.random.default_rng(round).choice(M, 5, replace=False).tolist()
+    run, clients = play(make("fedcomgate", lr_local=0.02, lr_global=1.0, alpha=alpha), rounds=6, compressor=QSGD(4),
+                        sampled=sampled)
+    expected = {j: torch.zeros(DIM, dtype=F64) for j in range(M)}
+    for round in range(6):
+        for j, message in run.messages[round].items():
+            expected[j] = expected[j] + alpha / steps * (message - run.averages[round])
+            torch.testing.assert_close(tracking(run, round, j), expected[j], rtol=0, atol=1e-12)
+    identity, clients = play(make("fedgate", lr_local=0.02, lr_global=1.0), rounds=3)
+    for round in range(1, 3):
+        # with Q = identity and k = 1: delta_j^(r+1) = gbar_j^(r) - mean_i gbar_i^(r)
+        gbar = torch.stack([torch.stack(client.gradients[round * steps:(round + 1) * steps]).mean(0) for client in clients])
+        for j in range(M):
+            torch.testing.assert_close(tracking(identity, round, j), gbar[j] - gbar.mean(0), rtol=0, atol=1e-12)
+
+
+# ---- invariants (T-A9, T-A10, T-A13) ----
+
+def zero_sum_gap(run, round):
+    deltas = torch.stack([state.tracking for state in run.states[round].values()])
+    return deltas.sum(0).abs().max() / (1e-9 * M * (1 + deltas.abs().max()))
+
+
+def test_a9_the_tracking_vectors_sum_to_zero_with_any_compressor_and_sampling():
+    sampled = lambda round: np.random.default_rng(round + 7).choice(M, 5, replace=False).tolist()
+    for alpha in (1.0, 0.3):
+        run, _ = play(make("fedcomgate", lr_local=0.02, lr_global=1.0, alpha=alpha), rounds=8, compressor=QSGD(2),
+                      sampled=lambda r: list(range(M)) if r == 0 else sampled(r))
+        assert all(zero_sum_gap(run, round) <= 1 for round in range(8))
+    # the rule's own compressed message is what keeps the sum at 0: the uncompressed one does not
+    broken, _ = play(make("fedcomgate", lr_local=0.02, lr_global=1.0, own_term="uncompressed"), rounds=3,
+                     compressor=QSGD(2))
+    assert zero_sum_gap(broken, 2) > 1
+
+
+def test_a10_clients_not_sampled_keep_their_state_bit_for_bit():
+    sampled = lambda round: [0, 1, 2] if round % 2 else [3, 4, 5, 6]
+    run, _ = play(make("fedcomgate", lr_local=0.02, lr_global=1.0), rounds=4, compressor=QSGD(4), sampled=sampled)
+    for round in range(1, 4):
+        for j in run.states[round - 1]:
+            if j not in sampled(round):
+                assert run.states[round][j] is run.states[round - 1][j]
+
+
+def test_a13_top_k_with_memory_keeping_everything_is_fedgate_and_the_memory_is_the_scaled_tracking():
+    gate, _ = play(make("fedgate", lr_local=0.02, lr_global=1.0), rounds=5)
+    full, _ = play(make("fedcomgate", lr_local=0.02, lr_global=1.0, memory=True), rounds=5, compressor=TopK(DIM))
+    for a, b in zip(gate.params, full.params):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    assert torch.stack([s.memory for s in full.states[-1].values()]).sum(0).abs().max() < 1e-10
+    sparse, _ = play(make("fedcomgate", lr_local=0.02, lr_global=1.0, memory=True), rounds=5, compressor=TopK(4))
+    for states in sparse.states:
+        for state in states.values():
+            # delta_j = nu_j / (eta tau) in model units: nu is kept in update units (divided by eta)
+            torch.testing.assert_close(state.tracking, state.memory / 10, rtol=0, atol=1e-12)
+
+
+# ---- behaviour (T-A14, T-A15) ----
+
+def distance_to_optimum(run, clients):
+    return (run.params[-1] - optimum(clients)).norm().item()
+
+
+def test_a14_tracking_removes_client_drift_and_plain_local_sgd_stalls():
+    half = lambda round: np.random.default_rng(round).choice(M, 5, replace=False).tolist()
+    for name, compressor, sampled, converges in (("fedgate", None, None, True), ("fedavg", None, None, False),
+                                                ("fedcomgate", QSGD(2), None, True), ("fedcomgate", QSGD(2), half, True),
+                                                ("fedcom", QSGD(2), None, False)):
+        run, clients = play(make(name, lr_local=0.02, lr_global=1.0), rounds=400, compressor=compressor,
+                            sampled=sampled)
+        distance = distance_to_optimum(run, clients)
+        assert (distance < 1e-8) if converges else (distance > 1e-2), (name, sampled, distance)
+    gate, clients = play(make("fedgate", lr_local=0.02, lr_global=1.0), rounds=400)
+    for j, client in enumerate(clients):
+        # at the fixed point delta_j is client j's gradient at w*
+        torch.testing.assert_close(tracking(gate, -1, j), client.H @ (optimum(clients) - client.c), rtol=0, atol=1e-9)
+
+
+def test_a15_tracking_with_alpha_1_diverges_for_q_above_1_and_damping_fixes_it():
+    rand8 = RandK(8)                                        # q = 20/8 - 1 = 1.5
+    diverging, _ = play(make("fedcomgate", lr_local=0.02, lr_global=1.0), rounds=1500, compressor=rand8,
+                        stop_above=1e6)
+    assert diverging.params[-1].norm() > 1e6
+    damped, clients = play(make("fedcomgate", lr_local=0.02, lr_global=1.0, alpha=1 / 2.5), rounds=1500,
+                           compressor=rand8)
+    assert distance_to_optimum(damped, clients) < 1e-8
+
+
+# ---- SCAFFOLD against the spec's float64 reference (§2.7) ----
+
+def test_scaffold_is_the_specs_option_ii_under_sampling():
+    lr, gamma, steps = 0.02, 0.8, 10
+    sampled = lambda round: np.random.default_rng(round + 3).choice(M, 4, replace=False).tolist()
+    run, clients = play(make("scaffold", lr_local=lr, lr_global=gamma), rounds=5, sampled=sampled)
+    x, c = torch.zeros(DIM, dtype=F64), torch.zeros(DIM, dtype=F64)
+    controls = [torch.zeros(DIM, dtype=F64) for _ in range(M)]
+    for round in range(5):
+        dys, dcs = [], []
+        for j in sorted(sampled(round)):
+            y = x.clone()
+            for _ in range(steps):
+                y = y - lr * (clients[j].H @ (y - clients[j].c) - controls[j] + c)
+            new = controls[j] - c + (x - y) / (steps * lr)
+            dys.append(y - x)
+            dcs.append(new - controls[j])
+            controls[j] = new
+        x = x + gamma * torch.stack(dys).mean(0)
+        c = c + torch.stack(dcs).sum(0) / M
+        torch.testing.assert_close(run.params[round], x, rtol=0, atol=1e-12)
