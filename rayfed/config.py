@@ -30,9 +30,9 @@ from rayfed.systems.availability import AVAILABILITIES
 MODELS = ("auto", *MODEL_NAMES)
 # The papers' model for each dataset: FedProx used logistic regression on Synthetic.
 AUTO_MODELS = {"synthetic": "logreg", "mnist": "mlp", "fashion_mnist": "mlp", "cifar10": "lenet5", "cifar100": "vgg11",
-               "cifar10_random": "lenet5", "digits": "mlp", "shakespeare": "char_lstm"}
+               "cifar10_random": "lenet5", "digits": "mlp", "shakespeare": "char_lstm", "femnist": "relu_mlp"}
 # Datasets whose clients the data itself defines: FedProx's generated ones, Shakespeare's speaking roles.
-NATURAL_DATASETS = ("synthetic", "shakespeare")
+NATURAL_DATASETS = ("synthetic", "shakespeare", "femnist")
 BACKENDS = ("local", "ray")
 ROUND_POLICIES = ("sync", "deadline", "overcommit", "async_buffered")
 STALENESS_WEIGHTS = ("none", "sqrt")
@@ -261,6 +261,8 @@ class TrainConfig(_Section):
     # Also evaluate the global model on the union of the clients' training samples (FedMoS's training
     # loss f(x^t) = sum_i p_i f_i(x^t), specs/fedmos.md §7.5) at every evaluation.
     eval_train_loss: _Flag = False
+    # The gradient-similarity diagnostic (specs/fedcom.md §5.4) of clients 0 .. n-1 at every evaluation; 0: off.
+    similarity_clients: _count(ge=0) = 0
     round_policy: Literal[ROUND_POLICIES] = "sync"
     deadline_s: Optional[_number(gt=0.0)] = None
     overcommit: _number(ge=0.0, le=MAX_OVERCOMMIT) = 0.3
@@ -383,8 +385,11 @@ def resolve(config: Config) -> Config:
     if config.data.partition == "auto":
         config.data.partition = "natural" if config.data.dataset in NATURAL_DATASETS else "dirichlet"
     if config.data.partition == "natural" and config.data.dataset not in NATURAL_DATASETS:
-        raise ConfigError("data.partition=natural is only available for data.dataset=synthetic or shakespeare; "
+        raise ConfigError("data.partition=natural is only available for data.dataset=synthetic, shakespeare or femnist; "
                           "use iid, dirichlet or shards")
+    if config.data.dataset == "femnist" and config.data.partition not in ("natural", "iid"):
+        raise ConfigError(f"data.partition={config.data.partition} does not apply to data.dataset=femnist, "
+                          f"whose clients are writers (natural) or an even split of their pooled samples (iid)")
     if config.data.dataset == "shakespeare" and config.data.partition not in ("natural", "iid"):
         raise ConfigError(f"data.partition={config.data.partition} does not apply to data.dataset=shakespeare, "
                           f"whose clients are speaking roles (natural) or crops of their pooled samples (iid)")
@@ -433,6 +438,9 @@ def _check_combinations(config: Config) -> None:
         raise ConfigError("engine.round_timeout_s and engine.fault_injection need engine.backend=ray")
     for entry in engine.fault_injection:
         parse_fault(entry, engine.num_workers)
+    if train.similarity_clients > data.num_clients:
+        raise ConfigError(f"train.similarity_clients={train.similarity_clients} exceeds data.num_clients="
+                          f"{data.num_clients}: the diagnostic compares clients 0 .. n-1")
     if train.clients_per_round > data.num_clients:
         raise ConfigError(f"train.clients_per_round={train.clients_per_round} exceeds "
                           f"data.num_clients={data.num_clients}; it must be at most that")

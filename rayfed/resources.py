@@ -15,7 +15,11 @@ from rayfed.algorithms.registry import build_algorithm
 from rayfed.data.datasets import (DIGITS_CLASSES, DIGITS_IMAGE_SHAPE, DIGITS_SAMPLES, RANDOM_CLASSES,
                                   RANDOM_IMAGE_SHAPE, RANDOM_TEST_SIZE, RANDOM_TRAIN_SIZE, SYNTHETIC_CLASSES,
                                   SYNTHETIC_DIMENSION)
+from rayfed.data import femnist
 from rayfed.data.shakespeare import NUM_CHARACTERS, SEQUENCE_LENGTH
+
+# Far above LEAF's FEMNIST writers' digit samples (about 100 on average, train and test): a bound for the memory check.
+FEMNIST_SAMPLES_PER_WRITER = 500
 from rayfed.errors import ConfigError, first_line
 from rayfed.models import MODEL_NAMES, build_model
 
@@ -46,6 +50,7 @@ DATASET_SHAPES = {
     "cifar10_random": DatasetShape(RANDOM_IMAGE_SHAPE, RANDOM_CLASSES, RANDOM_TRAIN_SIZE + RANDOM_TEST_SIZE),
     "digits": DatasetShape(DIGITS_IMAGE_SHAPE, DIGITS_CLASSES, DIGITS_SAMPLES),
     "shakespeare": DatasetShape((SEQUENCE_LENGTH,), NUM_CHARACTERS, None, torch.int64),
+    "femnist": DatasetShape(femnist.IMAGE_SHAPE, femnist.NUM_CLASSES, None, torch.float32),
 }
 
 
@@ -164,6 +169,8 @@ def _num_samples(data, shape: DatasetShape) -> int:
         return shape.num_samples
     if data.dataset == "shakespeare":
         return data.num_clients * (data.shakespeare_train_samples + data.shakespeare_test_samples)
+    if data.dataset == "femnist":
+        return data.num_clients * FEMNIST_SAMPLES_PER_WRITER
     return data.num_clients * data.synthetic_max_samples
 
 

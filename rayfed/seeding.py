@@ -23,6 +23,8 @@ class Purpose(IntEnum):
     SHAKESPEARE_CLIENTS = 10
     SELECTION_WARMUP = 11
     COMPRESSION = 12
+    GRADIENT_SIMILARITY = 13
+    FEMNIST_WRITERS = 14
 
 
 def derive_seed(seed: int, purpose: Purpose, round: int = 0, client_id: int = 0) -> int:

@@ -44,6 +44,8 @@ def interrupted(tmp_path, overrides, monkeypatch, fail_at_round=5, name="interru
     ["engine.backend=local", "algorithm.name=fedadam", "algorithm.bias_correction=true", "selection.selector=acs"],
     ["engine.backend=local", "algorithm.name=fedmos", "algorithm.lr_local=0.05", "selection.selector=cacs",
      "selection.cacs_warmup_rounds=2", "selection.cacs_clusters=3"],
+    ["engine.backend=local", "algorithm.name=fedcomgate", "compression.name=top_k", "algorithm.memory=true"],
+    ["engine.backend=local", "algorithm.name=scaffold"],
     ["engine.backend=local", "algorithm.name=fedavg", "train.round_policy=async_buffered", "train.buffer_size=4",
      "train.concurrency=9", "systems.step_time_spread=1.0", "train.staleness_weight=sqrt"],
 ])

@@ -106,7 +106,7 @@ BAD_INPUTS = {
                              "; use one of: logreg, mlp"]),
     "vgg11 on mnist": ({}, ["model.name=vgg11", "data.dataset=mnist", "data.download=true"],
                        ["model.name=vgg11 does not fit data.dataset=mnist (inputs of shape (1, 28, 28)): ",
-                        "32x32", "; use one of: logreg, mlp, lenet5"]),
+                        "32x32", "; use one of: logreg, mlp, relu_mlp, lenet5"]),
     "batch of one with BatchNorm": ({}, ["model.name=mlp", "train.batch_size=1"],
                                     ["train.batch_size=1: model.name=mlp has BatchNorm", "batches of one"]),
     "server restarts above 100": ({}, ["engine.server_max_restarts=101"],

@@ -160,15 +160,15 @@ def test_check_path_accepts_long_but_legal_paths():
 
 
 @pytest.mark.parametrize("dataset, fitting", [
-    ("synthetic", ["logreg", "mlp"]),
-    ("mnist", ["logreg", "mlp", "lenet5", "cnn8", "convmixer", "mnist_cnn", "cifar_cnn3fc", "cifar_cnn_ref"]),
-    ("fashion_mnist", ["logreg", "mlp", "lenet5", "cnn8", "convmixer", "mnist_cnn", "cifar_cnn3fc",
+    ("synthetic", ["logreg", "mlp", "relu_mlp"]),
+    ("mnist", ["logreg", "mlp", "relu_mlp", "lenet5", "cnn8", "convmixer", "mnist_cnn", "cifar_cnn3fc", "cifar_cnn_ref"]),
+    ("fashion_mnist", ["logreg", "mlp", "relu_mlp", "lenet5", "cnn8", "convmixer", "mnist_cnn", "cifar_cnn3fc",
                        "cifar_cnn_ref"]),
-    ("cifar10", ["logreg", "mlp", "lenet5", "vgg11", "cnn8", "convmixer", "mnist_cnn", "cifar_cnn3fc",
+    ("cifar10", ["logreg", "mlp", "relu_mlp", "lenet5", "vgg11", "cnn8", "convmixer", "mnist_cnn", "cifar_cnn3fc",
                  "cifar_cnn_ref"]),
-    ("cifar100", ["logreg", "mlp", "lenet5", "vgg11", "cnn8", "convmixer", "mnist_cnn", "cifar_cnn3fc",
+    ("cifar100", ["logreg", "mlp", "relu_mlp", "lenet5", "vgg11", "cnn8", "convmixer", "mnist_cnn", "cifar_cnn3fc",
                   "cifar_cnn_ref"]),
-    ("digits", ["logreg", "mlp", "cnn8", "convmixer"]),
+    ("digits", ["logreg", "mlp", "relu_mlp", "cnn8", "convmixer"]),
     ("shakespeare", ["char_lstm"]),
 ])
 def test_models_are_checked_against_the_dataset_shape(dataset, fitting):
@@ -191,7 +191,7 @@ def test_a_model_misfit_reads_the_same_on_either_engine():
     assert len(messages) == 1
 
 
-@pytest.mark.parametrize("model, has_batchnorm", [("logreg", False), ("mlp", True)])
+@pytest.mark.parametrize("model, has_batchnorm", [("logreg", False), ("mlp", True), ("relu_mlp", False)])
 def test_batchnorm_needs_batches_of_two(model, has_batchnorm):
     overrides = [f"model.name={model}", "train.batch_size=1"]
     if has_batchnorm:

@@ -86,6 +86,9 @@ def test_adaptive_algorithms_are_bitwise_identical_across_engines_and_worker_cou
     ["algorithm.name=gradma_w"],
     ["algorithm.name=gradma_s", "algorithm.memory_size=10"],          # 30 clients through 10 rows: evictions
     ["algorithm.name=gradma", "algorithm.memory_size=10", "algorithm.qp_scope=tensor"],
+    ["algorithm.name=scaffold"],
+    ["algorithm.name=fedcomgate", "compression.name=top_k", "compression.ratio=0.2", "algorithm.memory=true"],
+    ["algorithm.name=fedcomgate", "compression.name=qsgd", "compression.per_tensor=true"],
 ])
 def test_client_state_and_memory_algorithms_are_bitwise_identical_across_engines(tmp_path, ray_cluster, algorithm):
     """Client state (MIFA's latest updates, GradMA's last local models) stays with the worker that owns

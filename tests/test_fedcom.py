@@ -253,3 +253,45 @@ def test_scaffold_is_the_specs_option_ii_under_sampling():
         x = x + gamma * torch.stack(dys).mean(0)
         c = c + torch.stack(dcs).sum(0) / M
         torch.testing.assert_close(run.params[round], x, rtol=0, atol=1e-12)
+
+
+# ---- runs: bits (T-B1, T-B2) and the heterogeneity diagnostic (T-D1) ----
+
+RUN = ["engine.backend=local", "data.dataset=digits", "data.partition=shards", "data.num_clients=20",
+       "train.clients_per_round=20", "train.rounds=3", "train.eval_every=3", "model.name=relu_mlp",
+       "model.hidden_sizes=[16]", "train.local_steps=4", "train.batch_size=20", "algorithm.lr_local=0.1"]
+
+
+def test_b1_uplink_bits_per_algorithm(tmp_path):
+    import rayfed
+    bits = {}
+    for name, extra in (("fedavg", []), ("fedgate", []), ("scaffold", []),
+                        ("fedcomgate", ["compression.name=affine"]), ("fedpaq", ["compression.name=affine"])):
+        result = rayfed.run(rayfed.load_config(None, RUN + [f"algorithm.name={name}", *extra]),
+                            run_dir=tmp_path / name, progress=False)
+        d = result.summary["num_params"]
+        bits[name] = [(m["bits_up"], m["bits_down"]) for m in result.history]
+        for metrics in result.history:
+            assert metrics["bits_up_total"] == sum(up for up, _ in bits[name][:metrics["round"]])
+    per_client = 32 * d
+    assert all(up == 20 * per_client for up, _ in bits["fedavg"] + bits["fedgate"])
+    assert all(up == 20 * 2 * per_client for up, _ in bits["scaffold"])               # FedGATE sends half
+    assert all(up == 20 * (8 * d + 96) for up, _ in bits["fedcomgate"] + bits["fedpaq"])
+    assert all(down == 20 * per_client for _, down in bits["fedavg"] + bits["fedpaq"])
+    assert all(down == 20 * 2 * per_client for _, down in bits["fedgate"] + bits["fedcomgate"] + bits["scaffold"])
+
+
+def test_d1_gradient_similarity_is_a_cosine_matrix_and_shards_are_less_alike_than_iid(tmp_path):
+    import rayfed
+    means = {}
+    for partition in ("iid", "shards"):
+        result = rayfed.run(rayfed.load_config(None, RUN + [f"data.partition={partition}", "algorithm.name=fedavg",
+                                                             "train.similarity_clients=20"]),
+                            run_dir=tmp_path / partition, progress=False)
+        last = result.history[-1]
+        matrix = np.array(last["gradient_similarity"])
+        assert matrix.shape == (20, 20) and np.array_equal(matrix, matrix.T) and np.all(np.diag(matrix) == 1)
+        assert np.all(np.abs(matrix) <= 1)
+        assert "gradient_similarity" not in result.history[0]                     # only at evaluations
+        means[partition] = last["gradient_similarity_mean"]
+    assert means["iid"] > means["shards"] + 0.2

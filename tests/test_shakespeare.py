@@ -11,7 +11,7 @@ import rayfed
 from rayfed.cli import main
 from rayfed.config import load_config
 from rayfed.data import load_dataset, make_partition, missing_files
-from rayfed.data import shakespeare
+from rayfed.data import leaf as leaf_json, shakespeare
 from rayfed.data.shakespeare import NUM_CHARACTERS, SEQUENCE_LENGTH, VOCABULARY, encode, read_split
 from rayfed.errors import ConfigError
 from rayfed.models import FlatModel, build_model
@@ -227,7 +227,7 @@ def test_a_role_in_two_files_and_a_file_too_big_are_refused(leaf, monkeypatch):
     with pytest.raises(ConfigError, match=f"^{folder / 'extra.json'} holds user 'b', whom "
                                           f"{folder / 'all_data_0_train.json'} holds too"):
         load(root)
-    monkeypatch.setattr(shakespeare, "MAX_FILE_BYTES", 100)
+    monkeypatch.setattr(leaf_json, "MAX_FILE_BYTES", 100)
     with pytest.raises(ConfigError, match="all_data_0_train.json is .* bytes, more than LEAF's largest file"):
         load(root)
 

@@ -18,9 +18,10 @@ import statistics
 import sys
 from pathlib import Path
 
-import rayfed
-from rayfed.report.runs import read_summary
-from rayfed.report.stats import rounds_to_target
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from runs import run_or_read  # noqa: E402  (experiments/runs.py, beside this script's folder)
+
+from rayfed.report.stats import rounds_to_target  # noqa: E402
 
 # The paper's methods, all with the same eta (the scenario's algorithm.lr_local) and §7.4's values:
 # a = 0.1, mu = 0.001, beta = 0.8 are fedmos's defaults; FedProx's mu_prox = mu / eta (§5.2).
@@ -42,15 +43,7 @@ def slug(method: str) -> str:
 
 
 def run_method(scenario: Path, method: str, seed: int, overrides: list[str], out: Path) -> list[dict]:
-    run_dir = out / slug(method) / f"seed{seed}"
-    summary = read_summary(run_dir)
-    if summary is None or summary.get("status") != "finished":
-        config = rayfed.load_config(str(scenario), [*METHODS[method], f"seed={seed}", *overrides])
-        if run_dir.exists():
-            for path in sorted(run_dir.iterdir()):
-                path.unlink()
-        rayfed.run(config, run_dir=run_dir, progress=False)
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return run_or_read(scenario, [*METHODS[method], f"seed={seed}", *overrides], out / slug(method) / f"seed{seed}")
 
 
 def table(results: dict[str, list[dict]], loss_target: float, accuracy_target: float) -> tuple[str, dict]:

@@ -13,13 +13,14 @@ import zlib
 
 import numpy as np
 
-from rayfed.data import shakespeare
+from rayfed.data import femnist, shakespeare
 from rayfed.data.cifar_pickle import load_cifar_pickle, unwrap
 from rayfed.data.partition import Partition
 from rayfed.errors import ConfigError, first_line
 from rayfed.seeding import Purpose, numpy_rng
 
-DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100", "cifar10_random", "digits", "shakespeare")
+DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100", "cifar10_random", "digits", "shakespeare",
+            "femnist")
 # Read from torchvision's files under data.root; data.normalize applies to these.
 TORCHVISION_DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100")
 NORMALIZATIONS = ("channel", "half")
@@ -94,7 +95,7 @@ class Dataset:
 
 def _source(name: str) -> _ImageSource | None:
     """Where under data.root the dataset's files are; None for data that is not read from there."""
-    if name in ("synthetic", "cifar10_random", "digits", "shakespeare"):
+    if name in ("synthetic", "cifar10_random", "digits", "shakespeare", "femnist"):
         return None
     if name not in _IMAGE_SOURCES:
         raise ConfigError(f"data.dataset={name!r} is not one of {', '.join(DATASETS)}")
@@ -120,12 +121,14 @@ def _existing_variant(path: pathlib.Path) -> pathlib.Path | None:
 
 
 def missing_files(name: str, root: str) -> list[pathlib.Path]:
-    """The required files that are absent. For digits and shakespeare, whose files are beyond
+    """The required files that are absent. For digits, shakespeare and femnist, whose files are beyond
     data.download's reach, their absence raises the ConfigError that says how to get them instead."""
     if name == "digits":
         digits_file()
     if name == "shakespeare":
         shakespeare.check_files(root)
+    if name == "femnist":
+        femnist.check_files(root)
     return [path for path in required_files(name, root) if _existing_variant(path) is None]
 
 
@@ -162,6 +165,11 @@ def load_dataset(name: str, *, root: str = "./data", download: bool = False, see
     if name == "shakespeare":
         return _load_shakespeare(root, download, seed, num_clients, partition == "iid", shakespeare_train_samples,
                                  shakespeare_test_samples)
+    if name == "femnist":
+        femnist.check_files(root, download)
+        *arrays, natural = femnist.load_clients(root, seed=seed, num_clients=num_clients, iid=partition == "iid")
+        return Dataset("femnist", *arrays, num_classes=femnist.NUM_CLASSES, input_shape=femnist.IMAGE_SHAPE,
+                       natural_partition=natural)
     source = _source(name)
     if source is None:
         return _generate_synthetic(seed, num_clients, synthetic_alpha, synthetic_beta, synthetic_max_samples)

@@ -4,12 +4,11 @@ clients as FedDyn's code does: a random crop of each of some randomly chosen rol
 of the pooled samples of all roles (iid)."""
 from __future__ import annotations
 
-import collections
-import json
 import pathlib
 
 import numpy as np
 
+from rayfed.data import leaf
 from rayfed.data.partition import Partition
 from rayfed.errors import ConfigError
 from rayfed.seeding import Purpose, numpy_rng
@@ -21,16 +20,12 @@ NUM_CHARACTERS = len(VOCABULARY)
 SEQUENCE_LENGTH = 80
 SPLITS = ("train", "test")
 FOLDER = "shakespeare"          # under data.root, one subfolder per split
-# LEAF's full-size training file is about 0.3 GB, more than the other readers' bound allows.
-MAX_FILE_BYTES = 2**30
 LEAF_COMMAND = "./preprocess.sh -s niid --sf 1.0 -k 0 -t sample -tf 0.8"
 _REBUILD = "rebuild it with LEAF's data/shakespeare/preprocess.sh"
 
 # Every character of VOCABULARY is ASCII, so code points from 128 on are outside it too.
 _TOKEN_OF_CODE = np.full(128, -1, dtype=np.int16)
 _TOKEN_OF_CODE[[ord(character) for character in VOCABULARY]] = np.arange(NUM_CHARACTERS)
-_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean",
-               type(None): "null"}
 
 Samples = tuple[np.ndarray, np.ndarray]      # (n, SEQUENCE_LENGTH) tokens and their (n,) next characters
 
@@ -41,16 +36,16 @@ def folders(root: str) -> dict[str, pathlib.Path]:
 
 def check_files(root: str, download: bool = False) -> None:
     """A ConfigError saying where LEAF's files go and how to make them, unless both folders hold some."""
-    empty = [folder for folder in folders(root).values() if not _json_files(folder)]
+    empty = [folder for folder in folders(root).values() if not leaf.json_files(folder)]
     if not empty:
         return
     train, test = folders(root).values()
     remedy = (f"build LEAF's files with its data/shakespeare/preprocess.sh (the full data set: {LEAF_COMMAND}) and "
               f"copy its data/train/*.json into {train} and data/test/*.json into {test}")
     if download:
-        raise _one_line(f"data.download=true cannot fetch shakespeare, which LEAF builds from Project Gutenberg's "
+        raise leaf.one_line(f"data.download=true cannot fetch shakespeare, which LEAF builds from Project Gutenberg's "
                         f"text ({empty[0]} holds no .json file); {remedy}")
-    raise _one_line(f"shakespeare files missing: {empty[0]} holds no .json file; {remedy}")
+    raise leaf.one_line(f"shakespeare files missing: {empty[0]} holds no .json file; {remedy}")
 
 
 def encode(text: str) -> np.ndarray:
@@ -118,77 +113,11 @@ def _concatenate(parts: list[Samples]) -> tuple[np.ndarray, np.ndarray]:
 
 def read_split(folder: pathlib.Path) -> dict[str, Samples]:
     """Every role's samples in the folder's .json files, as uint8 tokens; a role is in one file only."""
-    roles: dict[str, Samples] = {}
-    file_of: dict[str, pathlib.Path] = {}
-    for path in _json_files(folder):
-        for role, samples in _read_leaf_file(path).items():
-            if role in roles:
-                raise _bad_file(path, f"holds user {role!r}, whom {file_of[role]} holds too")
-            roles[role], file_of[role] = samples, path
-    return roles
-
-
-def _json_files(folder: pathlib.Path) -> list[pathlib.Path]:
-    return sorted(path for path in folder.glob("*.json") if path.is_file())
-
-
-def _read_leaf_file(path: pathlib.Path) -> dict[str, Samples]:
-    """{"users": [...], "num_samples": [...], "user_data": {user: {"x": [...], "y": [...]}}}, checked."""
-    users, counts, user_data = _leaf_entries(path, _parse(path))
-    return {user: _user_samples(path, user, user_data[user], count) for user, count in zip(users, counts)}
-
-
-def _parse(path: pathlib.Path):
-    try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise _bad_file(path, f"is {size} bytes, more than LEAF's largest file")
-        raw = path.read_bytes()
-    except (OSError, MemoryError) as exc:
-        raise _bad_file(path, f"cannot be read ({_reason(exc)})") from exc
-    try:
-        return json.loads(raw)
-    # What json raises on malformed text, bytes that are not UTF-8, and nesting too deep to parse.
-    except (ValueError, RecursionError, MemoryError) as exc:
-        raise _bad_file(path, f"is not JSON ({_reason(exc)})") from exc
-
-
-def _leaf_entries(path: pathlib.Path, data) -> tuple[list[str], list[int], dict]:
-    if not isinstance(data, dict):
-        raise _bad_file(path, f"holds a JSON {_json_type(data)}, not LEAF's object of users, num_samples and user_data")
-    for key in ("users", "num_samples", "user_data"):
-        if key not in data:
-            raise _bad_file(path, f"has no {key!r} entry (LEAF's files have users, num_samples and user_data)")
-    users, counts, user_data = data["users"], data["num_samples"], data["user_data"]
-    if not (isinstance(users, list) and all(isinstance(user, str) for user in users)):
-        raise _bad_file(path, "has a 'users' entry that is not an array of names")
-    if not (isinstance(counts, list) and all(type(count) is int for count in counts)):
-        raise _bad_file(path, "has a 'num_samples' entry that is not an array of integers")
-    if len(counts) != len(users):
-        raise _bad_file(path, f"lists {len(users)} users but {len(counts)} num_samples")
-    if not isinstance(user_data, dict):
-        raise _bad_file(path, f"has a 'user_data' entry that is a JSON {_json_type(user_data)}, not an object")
-    repeated = next((user for user, times in collections.Counter(users).items() if times > 1), None)
-    if repeated is not None:
-        raise _bad_file(path, f"lists user {repeated!r} twice in 'users'")
-    unlisted = sorted(user_data.keys() - set(users))
-    if unlisted:
-        raise _bad_file(path, f"has user_data for user {unlisted[0]!r}, who is not in 'users'")
-    absent = next((user for user in users if user not in user_data), None)
-    if absent is not None:
-        raise _bad_file(path, f"has no user_data for user {absent!r}")
-    return users, counts, user_data
+    return leaf.read_split(folder, _user_samples, _REBUILD)
 
 
 def _user_samples(path: pathlib.Path, user: str, entry, count: int) -> Samples:
-    if not (isinstance(entry, dict) and isinstance(entry.get("x"), list) and isinstance(entry.get("y"), list)):
-        raise _bad_file(path, f"user {user!r} has no 'x' and 'y' arrays in user_data")
-    inputs, targets = entry["x"], entry["y"]
-    if len(inputs) != len(targets):
-        raise _bad_file(path, f"user {user!r} has {len(inputs)} inputs (x) but {len(targets)} targets (y)")
-    if len(targets) != count:
-        raise _bad_file(path, f"says user {user!r} has {count} samples (num_samples), "
-                              f"but its data holds {len(targets)}")
+    inputs, targets = leaf.user_arrays(path, user, entry, count, _REBUILD)
     tokens = _tokens(path, user, "x", inputs, SEQUENCE_LENGTH)
     return tokens, _tokens(path, user, "y", targets, 1).reshape(-1)
 
@@ -199,7 +128,7 @@ def _tokens(path: pathlib.Path, user: str, key: str, texts: list, length: int) -
         joined = "".join(texts)
     except TypeError:
         index, text = next((index, text) for index, text in enumerate(texts) if not isinstance(text, str))
-        raise _bad_file(path, f"user {user!r}: {key}[{index}] is a JSON {_json_type(text)}, not a string") from None
+        raise _bad_file(path, f"user {user!r}: {key}[{index}] is a JSON {leaf.json_type(text)}, not a string") from None
     # With every text at least `length` long and `length` on average, every one is exactly that long.
     if len(joined) != length * len(texts) or min(map(len, texts), default=length) != length:
         index, text = next((index, text) for index, text in enumerate(texts) if len(text) != length)
@@ -213,18 +142,5 @@ def _tokens(path: pathlib.Path, user: str, key: str, texts: list, length: int) -
     return tokens.astype(np.uint8).reshape(len(texts), length)
 
 
-def _json_type(value) -> str:
-    return _JSON_TYPES.get(type(value), type(value).__name__)
-
-
-def _reason(exc: BaseException) -> str:
-    return (str(exc).strip() or type(exc).__name__)[:200]
-
-
 def _bad_file(path: pathlib.Path, problem: str) -> ConfigError:
-    return _one_line(f"{path} {problem}; {_REBUILD}")
-
-
-def _one_line(message: str) -> ConfigError:
-    # Paths, user names and exception texts may hold line breaks, and the CLI promises one line.
-    return ConfigError(" ".join(message.splitlines()))
+    return leaf.bad_file(path, problem, _REBUILD)

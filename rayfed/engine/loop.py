@@ -10,6 +10,7 @@ from typing import Any, Callable, Protocol
 
 from rayfed.engine.worker import assign_to_workers
 from rayfed.faults import SERVER, Fault, FaultSchedule
+from rayfed.seeding import Purpose
 
 
 class WorkerLost(Exception):
@@ -67,6 +68,13 @@ def play_round(engine: Engine, round: int, clients_keep_state: bool, faults: Fau
             tensors, participants = reply
             engine.get([engine.workers[worker].finish_round(tensors, [c for c in per_worker[worker] if c in participants])
                         for worker in delivered])
+    similarity_clients = engine.get(engine.server.similarity_clients()) if "test_accuracy" in metrics else []
+    if similarity_clients:
+        down = engine.server.broadcast()
+        askers = assign_to_workers(similarity_clients, len(engine.workers), clients_keep_state)
+        gradients = engine.get([engine.workers[w].full_gradients(round, down, ids, Purpose.GRADIENT_SIMILARITY)
+                                for w, ids in askers.items()])
+        metrics.update(engine.get(engine.server.gradient_similarity(*gradients)))
     if failed:
         metrics["failed_workers"] = {str(worker): why for worker, why in sorted(failed.items())}
     return metrics

@@ -23,6 +23,7 @@ from rayfed.data import Dataset, Partition
 from rayfed.engine.loop import ServerLost, WorkerLost
 from rayfed.engine.process_memory import peak_rss
 from rayfed.engine.server import Server, clients_train_data
+from rayfed.seeding import Purpose
 from rayfed.engine.worker import ClientWorker
 from rayfed.errors import ConfigError, first_line
 from rayfed.faults import SERVER, Fault, enact
@@ -81,8 +82,8 @@ class RayClientWorker:
     def warmup_train(self, round: int, down, client_ids: list[int]):
         return self.attached().warmup_train(round, down, client_ids)
 
-    def full_gradients(self, round: int, down, client_ids: list[int]):
-        return self.attached().full_gradients(round, down, client_ids)
+    def full_gradients(self, round: int, down, client_ids: list[int], purpose=Purpose.SELECTION_WARMUP):
+        return self.attached().full_gradients(round, down, client_ids, purpose)
 
     def commit(self) -> None:
         self.attached().commit()

@@ -20,7 +20,7 @@ from rayfed.engine.worker import as_tensor, device_for, tensors_to, threads_per_
 from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, derive_seed, numpy_rng
 from rayfed.compression import FLOAT_BITS, build_compressor, decode_upload
-from rayfed.selection import ClientOrder, cluster_order, select
+from rayfed.selection import ClientOrder, cluster_order, cosine_similarities, select
 from rayfed.systems.async_buffer import AsyncBuffer
 from rayfed.systems.clients import ClientSystems
 from rayfed.systems.policy import RoundPlan, plan_round
@@ -325,6 +325,20 @@ class Server:
             "cluster_sizes": sizes.tolist(),
         }
         return self.warmup_summary
+
+    def similarity_clients(self) -> list[int]:
+        """The clients of the gradient-similarity diagnostic (train.similarity_clients; none when off)."""
+        return list(range(self.config.train.similarity_clients))
+
+    def gradient_similarity(self, *gradient_blocks: tuple[list[int], Tensor]) -> dict:
+        """specs/fedcom.md §5.4 (eq. 7): the cosine similarity of the clients' full local gradients at
+        the global model, and its mean off the diagonal."""
+        clients = [client for ids, _ in gradient_blocks for client in ids]
+        gradients = torch.cat([block for _, block in gradient_blocks]).double()[np.argsort(clients)].cpu()
+        cosines = cosine_similarities(gradients.numpy())
+        count = len(cosines)
+        off_diagonal = (cosines.sum() - np.trace(cosines)) / max(count * (count - 1), 1)
+        return {"gradient_similarity": np.round(cosines, 6).tolist(), "gradient_similarity_mean": float(off_diagonal)}
 
     def reply(self) -> tuple[dict[str, Tensor], set[int]] | None:
         """The last step's reply and the clients it goes to; None when there is none (taken once)."""

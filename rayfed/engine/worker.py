@@ -206,10 +206,12 @@ class ClientWorker:
         packed.timing = WorkerTiming(started_at, trained - started, time.perf_counter() - trained, time.time())
         return packed
 
-    def full_gradients(self, round: int, down: Broadcast, client_ids: list[int]) -> tuple[list[int], Tensor]:
-        """Each of `client_ids`'s full local gradient at the broadcast model (CACS's warm-up,
-        specs/fedmos.md §3.7), stacked in that order, with dropout from the warm-up's streams of `round`."""
-        seed = self._warmup_seed()
+    def full_gradients(self, round: int, down: Broadcast, client_ids: list[int],
+                       purpose: Purpose = Purpose.SELECTION_WARMUP) -> tuple[list[int], Tensor]:
+        """Each of `client_ids`'s full local gradient at the broadcast model, stacked in that order, with
+        dropout from the streams of (purpose, round): CACS's warm-up (specs/fedmos.md §3.7) and the
+        gradient-similarity diagnostic (specs/fedcom.md §5.4)."""
+        seed = derive_seed(self.config.seed, purpose)
         params = down.tensors["params"].to(self.device)
         self.model.buffers.copy_(down.buffers.to(self.device))
         gradients = []

@@ -25,6 +25,18 @@ def mlp(input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int])
     return nn.Sequential(*layers)
 
 
+def relu_mlp(input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int]) -> nn.Module:
+    """Linear -> ReLU per hidden layer, then Linear, without BatchNorm: FedCOM's MLP (specs/fedcom.md
+    §5.1; hidden_sizes [200, 200] on MNIST is 784-200-200-10, d = 199,210)."""
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = math.prod(input_shape)
+    for hidden in hidden_sizes:
+        layers += [nn.Linear(width, hidden), nn.ReLU()]
+        width = hidden
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
+
+
 def cnn8(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """A small CNN for the 8x8 UCI digits: two 3x3 conv blocks with BN, each halving the side, then
     FC 64. d = 13,802 on 1x8x8 with 10 classes; larger images only widen the first Linear. No
@@ -188,17 +200,18 @@ def char_lstm(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return CharLSTM(num_classes)
 
 
-# Every model but mlp is built from the input shape and the class count alone.
+# The MLPs take model.hidden_sizes; every other model is built from the input shape and the class count alone.
+_WIDTH_BUILDERS = {"mlp": mlp, "relu_mlp": relu_mlp}
 _BUILDERS = {"logreg": logreg, "lenet5": lenet5, "vgg11": vgg11, "cnn8": cnn8, "convmixer": convmixer,
              "char_lstm": char_lstm, "mnist_cnn": mnist_cnn, "cifar_cnn3fc": cifar_cnn3fc,
              "cifar_cnn_ref": cifar_cnn_ref}
-MODEL_NAMES = ("logreg", "mlp", *(name for name in _BUILDERS if name != "logreg"))
+MODEL_NAMES = ("logreg", *_WIDTH_BUILDERS, *(name for name in _BUILDERS if name != "logreg"))
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
                 hidden_sizes: list[int] = (200, 100)) -> nn.Module:
-    if name == "mlp":
-        return mlp(input_shape, num_classes, list(hidden_sizes))
+    if name in _WIDTH_BUILDERS:
+        return _WIDTH_BUILDERS[name](input_shape, num_classes, list(hidden_sizes))
     if name not in _BUILDERS:
         raise ConfigError(f"model.name={name!r} is not one of: {', '.join(MODEL_NAMES)}")
     return _BUILDERS[name](input_shape, num_classes)

@@ -22,15 +22,21 @@ class ClientOrder:
     labels: np.ndarray      # each client's cluster, numbered 0.. in the order the clusters come in pi
 
 
-def angular_distances(gradients: np.ndarray) -> np.ndarray:
-    """delta_ij = arccos(clip(cos(g_i, g_j), -1, 1)); a zero gradient is at pi/2 from every other."""
+def cosine_similarities(gradients: np.ndarray) -> np.ndarray:
+    """cos(g_i, g_j), exactly symmetric, clipped to [-1, 1], 1 on the diagonal; a zero gradient has
+    similarity 0 with every other."""
     gradients = np.asarray(gradients, dtype=np.float64)
     norms = np.linalg.norm(gradients, axis=1)
     unit = np.divide(gradients, norms[:, None], out=np.zeros_like(gradients), where=norms[:, None] > 0)
-    distances = np.arccos(np.clip(unit @ unit.T, -1.0, 1.0))
-    distances = (distances + distances.T) / 2        # exactly symmetric, whatever the product's rounding
-    np.fill_diagonal(distances, 0.0)
-    return distances
+    cosines = np.clip(unit @ unit.T, -1.0, 1.0)
+    cosines = (cosines + cosines.T) / 2          # exactly symmetric, whatever the product's rounding
+    np.fill_diagonal(cosines, 1.0)
+    return cosines
+
+
+def angular_distances(gradients: np.ndarray) -> np.ndarray:
+    """delta_ij = arccos(cos(g_i, g_j)); a zero gradient is at pi/2 from every other."""
+    return np.arccos(cosine_similarities(gradients))
 
 
 def cluster_order(gradients: np.ndarray, counts: np.ndarray, num_clusters: int) -> ClientOrder:

@@ -1,0 +1,121 @@
+"""FedCOM's comparison (specs/fedcom.md §5-6): training loss and test accuracy against the megabytes
+clients uploaded, for FedAvg, FedPAQ, SCAFFOLD, FedGATE and FedCOMGATE (8-bit affine, and top-k at
+C_r = 0.1 with memory), each over several seeds.
+
+    python experiments/fedcom/uplink_curves.py experiments/fedcom/digits.yaml --seeds 3 --out runs/fedcom
+
+Runs go to OUT/<scenario>/<method>/seed<k>/ (a finished one is read back); OUT/<scenario>/ gets
+table.md, table.json and curves.png (seed means; the paper plots uplink, §3.3). Extra key=value
+arguments override the scenario for every method.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from runs import run_or_read  # noqa: E402  (experiments/runs.py)
+
+from rayfed.report.stats import first_crossing  # noqa: E402
+
+AFFINE_8 = ["compression.name=affine", "compression.bits=8"]
+METHODS = {
+    "FedAvg": ["algorithm.name=fedavg"],
+    "FedPAQ (8-bit)": ["algorithm.name=fedpaq", *AFFINE_8],
+    "SCAFFOLD": ["algorithm.name=scaffold"],
+    "FedGATE": ["algorithm.name=fedgate"],
+    "FedCOMGATE (8-bit)": ["algorithm.name=fedcomgate", *AFFINE_8],
+    "FedCOMGATE (top-k 0.1, memory)": ["algorithm.name=fedcomgate", "compression.name=top_k",
+                                       "compression.ratio=0.1", "algorithm.memory=true"],
+}
+MEGABYTE_BITS = 8e6
+
+
+def slug(method: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in method.lower()).strip("_")
+
+
+def curves(runs: list[list[dict]]) -> dict[str, np.ndarray]:
+    """Seed means at the evaluated rounds: cumulative uplink MB, global training loss, test accuracy."""
+    evaluated = [[m for m in run if "test_accuracy" in m] for run in runs]
+    return {"round": np.array([m["round"] for m in evaluated[0]]),
+            "uplink_mb": np.mean([[m["bits_up_total"] / MEGABYTE_BITS for m in run] for run in evaluated], axis=0),
+            "train_loss": np.mean([[m["global_train_loss"] for m in run] for run in evaluated], axis=0),
+            "test_accuracy": np.mean([[m["test_accuracy"] for m in run] for run in evaluated], axis=0)}
+
+
+def summarize(method: str, runs: list[list[dict]], target: float) -> dict:
+    curve = curves(runs)
+    final_loss = [run[-1]["global_train_loss"] for run in runs]
+    final_accuracy = [run[-1]["test_accuracy"] for run in runs]
+    hit = first_crossing(curve["test_accuracy"], target)
+    return {"method": method, "uplink_mb_per_round": runs[0][-1]["bits_up_total"] / MEGABYTE_BITS / len(runs[0]),
+            "uplink_mb_total": float(curve["uplink_mb"][-1]),
+            "final_train_loss": [float(np.mean(final_loss)), float(np.std(final_loss, ddof=1)) if len(runs) > 1 else math.nan],
+            "final_accuracy": [float(np.mean(final_accuracy)), float(np.std(final_accuracy, ddof=1)) if len(runs) > 1 else math.nan],
+            "round_to_target": None if hit is None else int(curve["round"][hit]),
+            "uplink_mb_to_target": None if hit is None else float(curve["uplink_mb"][hit])}
+
+
+def render(rows: list[dict], target: float) -> str:
+    lines = [f"| method | uplink MB a round | final training loss | final test accuracy | round to {target:g} | "
+             f"uplink MB to {target:g} |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        reached = row["uplink_mb_to_target"]
+        lines.append(f"| {row['method']} | {row['uplink_mb_per_round']:.3f} | {row['final_train_loss'][0]:.4f} ± "
+                     f"{row['final_train_loss'][1]:.4f} | {row['final_accuracy'][0]:.4f} ± {row['final_accuracy'][1]:.4f} | "
+                     f"{row['round_to_target'] or 'never'} | {'never' if reached is None else f'{reached:.2f}'} |")
+    return "\n".join(lines)
+
+
+def plot(all_curves: dict[str, dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, (loss_axis, accuracy_axis) = plt.subplots(1, 2, figsize=(11, 4))
+    for method, curve in all_curves.items():
+        loss_axis.plot(curve["uplink_mb"], curve["train_loss"], label=method)
+        accuracy_axis.plot(curve["uplink_mb"], curve["test_accuracy"], label=method)
+    for axis, label in ((loss_axis, "global training loss"), (accuracy_axis, "test accuracy")):
+        axis.set_xscale("log")
+        axis.set_xlabel("uplink MB (cumulative, seed mean)")
+        axis.set_ylabel(label)
+    loss_axis.set_yscale("log")
+    accuracy_axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("scenario", type=Path)
+    parser.add_argument("overrides", nargs="*", help="key=value for every method's config")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--target", type=float, default=0.9, help="test accuracy whose uplink cost is reported")
+    parser.add_argument("--out", type=Path, default=Path("runs/fedcom"))
+    args = parser.parse_args(argv)
+    out = args.out / args.scenario.stem
+    rows, all_curves = [], {}
+    for method, method_overrides in METHODS.items():
+        runs = [run_or_read(args.scenario, [*method_overrides, f"seed={seed}", *args.overrides],
+                            out / slug(method) / f"seed{seed}") for seed in range(args.seeds)]
+        rows.append(summarize(method, runs, args.target))
+        all_curves[method] = curves(runs)
+        print(f"{method}: done", file=sys.stderr)
+    text = render(rows, args.target)
+    print(text)
+    (out / "table.md").write_text(text + "\n")
+    (out / "table.json").write_text(json.dumps({"scenario": str(args.scenario), "overrides": args.overrides,
+                                                "seeds": args.seeds, "target": args.target, "methods": rows},
+                                               indent=1) + "\n")
+    plot(all_curves, out / "curves.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""What the experiment scripts share: a run directory's metrics, running the run first if it has
+not finished (a finished one is read back, so a study can be rerun to add seeds or methods)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import rayfed
+from rayfed.metrics import read_summary
+
+
+def run_or_read(scenario: Path, overrides: list[str], run_dir: Path) -> list[dict]:
+    """metrics.jsonl of `rayfed run scenario overrides...` in `run_dir`."""
+    summary = read_summary(run_dir)
+    if summary is None or summary.get("status") != "finished":
+        config = rayfed.load_config(str(scenario), overrides)
+        if run_dir.exists():
+            for path in sorted(run_dir.iterdir()):
+                path.unlink()
+        rayfed.run(config, run_dir=run_dir, progress=False)
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -1,0 +1,91 @@
+"""LEAF's FEMNIST, partitioned by writer (specs/fedcom.md §5.1-5.2): 28x28 handwritten characters,
+read from the JSON files LEAF's preprocess.sh writes (rayfed.data.leaf), kept to the ten digits as
+the paper's federated EMNIST runs are, one client a writer. Natural: `num_clients` writers drawn at
+random among those with digits in both splits; the test set is the union of their test samples.
+IID: the same writers' training samples pooled, for make_partition's iid split to deal out."""
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+from rayfed.data import leaf
+from rayfed.data.partition import Partition
+from rayfed.errors import ConfigError
+from rayfed.seeding import Purpose, numpy_rng
+
+FOLDER = "femnist"              # under data.root, one subfolder per split
+SPLITS = ("train", "test")
+IMAGE_SHAPE = (1, 28, 28)
+LEAF_CLASSES = 62               # digits 0-9, then upper- and lower-case letters
+NUM_CLASSES = 10                # the digits
+LEAF_COMMAND = "./preprocess.sh -s niid --sf 1.0 -k 0 -t sample"
+_REBUILD = "rebuild it with LEAF's data/femnist/preprocess.sh"
+
+Samples = tuple[np.ndarray, np.ndarray]      # (n, 1, 28, 28) float32 images and their (n,) labels
+
+
+def folders(root: str) -> dict[str, pathlib.Path]:
+    return {split: pathlib.Path(root) / FOLDER / split for split in SPLITS}
+
+
+def check_files(root: str, download: bool = False) -> None:
+    """A ConfigError saying where LEAF's files go and how to make them, unless both folders hold some."""
+    empty = [folder for folder in folders(root).values() if not leaf.json_files(folder)]
+    if not empty:
+        return
+    train, test = folders(root).values()
+    remedy = (f"build LEAF's files with its data/femnist/preprocess.sh ({LEAF_COMMAND}) and copy its "
+              f"data/train/*.json into {train} and data/test/*.json into {test}")
+    if download:
+        raise leaf.one_line(f"data.download=true cannot fetch femnist, which LEAF builds from NIST's writer "
+                            f"data ({empty[0]} holds no .json file); {remedy}")
+    raise leaf.one_line(f"femnist files missing: {empty[0]} holds no .json file; {remedy}")
+
+
+def load_clients(root: str, *, seed: int, num_clients: int,
+                 iid: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Partition | None]:
+    """(train_x, train_y, test_x, test_y, natural partition): client i is the i-th writer drawn."""
+    train, test = (read_split(folder) for folder in folders(root).values())
+    eligible = sorted(writer for writer in train if len(train[writer][1]) and len(test.get(writer, ((), ()))[1]))
+    if len(eligible) < num_clients:
+        raise ConfigError(f"data.num_clients={num_clients} exceeds the {len(eligible)} FEMNIST writers with digits "
+                          f"in both LEAF splits under {folders(root)['train'].parent}; lower data.num_clients")
+    writers = [eligible[i] for i in numpy_rng(seed, Purpose.FEMNIST_WRITERS).permutation(len(eligible))[:num_clients]]
+    train_x = np.concatenate([train[writer][0] for writer in writers])
+    train_y = np.concatenate([train[writer][1] for writer in writers])
+    test_x = np.concatenate([test[writer][0] for writer in writers])
+    test_y = np.concatenate([test[writer][1] for writer in writers])
+    if iid:
+        return train_x, train_y, test_x, test_y, None
+    offsets = np.concatenate([[0], np.cumsum([len(train[writer][1]) for writer in writers])]).astype(np.int64)
+    return train_x, train_y, test_x, test_y, Partition(np.arange(len(train_y), dtype=np.int64), offsets)
+
+
+def read_split(folder: pathlib.Path) -> dict[str, Samples]:
+    """Every writer's digit samples in the folder's .json files."""
+    return leaf.read_split(folder, _writer_samples, _REBUILD)
+
+
+def _writer_samples(path: pathlib.Path, user: str, entry, count: int) -> Samples:
+    inputs, targets = leaf.user_arrays(path, user, entry, count, _REBUILD)
+    if not all(type(label) is int for label in targets):
+        raise leaf.bad_file(path, f"user {user!r} has a label (y) that is not an integer", _REBUILD)
+    labels = np.asarray(targets, dtype=np.int64)
+    if labels.size and (labels.min() < 0 or labels.max() >= LEAF_CLASSES):
+        raise leaf.bad_file(path, f"user {user!r} has label {int(labels[(labels < 0) | (labels >= LEAF_CLASSES)][0])}, "
+                                  f"outside LEAF's 0..{LEAF_CLASSES - 1}", _REBUILD)
+    size = int(np.prod(IMAGE_SHAPE))
+    try:
+        images = np.asarray(inputs, dtype=np.float32)
+    except (ValueError, TypeError):
+        raise leaf.bad_file(path, f"user {user!r} has an image (x) that is not {size} numbers", _REBUILD) from None
+    if not len(labels):
+        images = np.zeros((0, size), dtype=np.float32)
+    elif images.shape != (len(labels), size):
+        raise leaf.bad_file(path, f"user {user!r} has images (x) of shape {images.shape[1:]}, not {size} numbers",
+                            _REBUILD)
+    if not np.isfinite(images).all():
+        raise leaf.bad_file(path, f"user {user!r} has an image (x) with a NaN or infinite value", _REBUILD)
+    digits = labels < NUM_CLASSES
+    return images[digits].reshape(-1, *IMAGE_SHAPE), labels[digits]
