@@ -41,9 +41,9 @@ def leaf_file(user_data: dict[str, dict]) -> dict:
 def write_leaf(root: pathlib.Path, seed: int = 0) -> dict[str, dict[str, dict]]:
     """ROLE_SIZES as LEAF writes them, each split over two files; returns {split: {role: samples}}."""
     rng = np.random.default_rng(seed)
-    roles = {split: {} for split in shakespeare.SPLITS}
+    roles = {split: {} for split in leaf_json.SPLITS}
     for role, sizes in ROLE_SIZES.items():
-        for split, count in zip(shakespeare.SPLITS, sizes):
+        for split, count in zip(leaf_json.SPLITS, sizes):
             if count:
                 roles[split][role] = windows(rng, count)
     for split, folder in shakespeare.folders(str(root)).items():

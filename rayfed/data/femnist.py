@@ -15,7 +15,6 @@ from rayfed.errors import ConfigError
 from rayfed.seeding import Purpose, numpy_rng
 
 FOLDER = "femnist"              # under data.root, one subfolder per split
-SPLITS = ("train", "test")
 IMAGE_SHAPE = (1, 28, 28)
 LEAF_CLASSES = 62               # digits 0-9, then upper- and lower-case letters
 NUM_CLASSES = 10                # the digits
@@ -26,21 +25,11 @@ Samples = tuple[np.ndarray, np.ndarray]      # (n, 1, 28, 28) float32 images and
 
 
 def folders(root: str) -> dict[str, pathlib.Path]:
-    return {split: pathlib.Path(root) / FOLDER / split for split in SPLITS}
+    return leaf.split_folders(root, FOLDER)
 
 
 def check_files(root: str, download: bool = False) -> None:
-    """A ConfigError saying where LEAF's files go and how to make them, unless both folders hold some."""
-    empty = [folder for folder in folders(root).values() if not leaf.json_files(folder)]
-    if not empty:
-        return
-    train, test = folders(root).values()
-    remedy = (f"build LEAF's files with its data/femnist/preprocess.sh ({LEAF_COMMAND}) and copy its "
-              f"data/train/*.json into {train} and data/test/*.json into {test}")
-    if download:
-        raise leaf.one_line(f"data.download=true cannot fetch femnist, which LEAF builds from NIST's writer "
-                            f"data ({empty[0]} holds no .json file); {remedy}")
-    raise leaf.one_line(f"femnist files missing: {empty[0]} holds no .json file; {remedy}")
+    leaf.check_files(root, FOLDER, LEAF_COMMAND, "NIST's writer data", download)
 
 
 def load_clients(root: str, *, seed: int, num_clients: int,

@@ -19,6 +19,29 @@ _JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", floa
 Decoder = Callable[[pathlib.Path, str, Any, int], Any]
 
 
+SPLITS = ("train", "test")
+
+
+def split_folders(root: str, dataset: str) -> dict[str, pathlib.Path]:
+    """Where LEAF's files of `dataset` go: one folder per split under data.root."""
+    return {split: pathlib.Path(root) / dataset / split for split in SPLITS}
+
+
+def check_files(root: str, dataset: str, build: str, source: str, download: bool = False) -> None:
+    """A ConfigError saying where LEAF's files go and how to make them (`build`: LEAF's command),
+    unless both split folders hold some; `source`: what LEAF builds them from, for data.download."""
+    folders = split_folders(root, dataset)
+    empty = [folder for folder in folders.values() if not json_files(folder)]
+    if not empty:
+        return
+    remedy = (f"build LEAF's files with its data/{dataset}/preprocess.sh ({build}) and copy its data/train/*.json "
+              f"into {folders['train']} and data/test/*.json into {folders['test']}")
+    if download:
+        raise one_line(f"data.download=true cannot fetch {dataset}, which LEAF builds from {source} "
+                       f"({empty[0]} holds no .json file); {remedy}")
+    raise one_line(f"{dataset} files missing: {empty[0]} holds no .json file; {remedy}")
+
+
 def json_files(folder: pathlib.Path) -> list[pathlib.Path]:
     return sorted(path for path in folder.glob("*.json") if path.is_file())
 

@@ -18,7 +18,6 @@ from rayfed.seeding import Purpose, numpy_rng
 VOCABULARY = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
 NUM_CHARACTERS = len(VOCABULARY)
 SEQUENCE_LENGTH = 80
-SPLITS = ("train", "test")
 FOLDER = "shakespeare"          # under data.root, one subfolder per split
 LEAF_COMMAND = "./preprocess.sh -s niid --sf 1.0 -k 0 -t sample -tf 0.8"
 _REBUILD = "rebuild it with LEAF's data/shakespeare/preprocess.sh"
@@ -31,21 +30,11 @@ Samples = tuple[np.ndarray, np.ndarray]      # (n, SEQUENCE_LENGTH) tokens and t
 
 
 def folders(root: str) -> dict[str, pathlib.Path]:
-    return {split: pathlib.Path(root) / FOLDER / split for split in SPLITS}
+    return leaf.split_folders(root, FOLDER)
 
 
 def check_files(root: str, download: bool = False) -> None:
-    """A ConfigError saying where LEAF's files go and how to make them, unless both folders hold some."""
-    empty = [folder for folder in folders(root).values() if not leaf.json_files(folder)]
-    if not empty:
-        return
-    train, test = folders(root).values()
-    remedy = (f"build LEAF's files with its data/shakespeare/preprocess.sh (the full data set: {LEAF_COMMAND}) and "
-              f"copy its data/train/*.json into {train} and data/test/*.json into {test}")
-    if download:
-        raise leaf.one_line(f"data.download=true cannot fetch shakespeare, which LEAF builds from Project Gutenberg's "
-                        f"text ({empty[0]} holds no .json file); {remedy}")
-    raise leaf.one_line(f"shakespeare files missing: {empty[0]} holds no .json file; {remedy}")
+    leaf.check_files(root, FOLDER, f"the full data set: {LEAF_COMMAND}", "Project Gutenberg's text", download)
 
 
 def encode(text: str) -> np.ndarray:
