@@ -236,6 +236,7 @@ class AlgorithmConfig(_Section):
     alpha: Optional[_number(le=None)] = None
     own_term: Optional[_Text] = None
     memory: Optional[_Flag] = None
+    client_replicas: Optional[_Flag] = None
     agg_weighting: Literal[AGG_WEIGHTINGS] = "uniform"
 
 
@@ -401,6 +402,7 @@ def resolve(config: Config) -> Config:
     if config.model.name == "auto":
         config.model.name = AUTO_MODELS[config.data.dataset]
     resolve_hyperparameters(config.algorithm)
+    _resolve_client_replicas(config)
     memory_size = config.algorithm.memory_size
     if memory_size and memory_size < config.train.clients_per_round:
         raise ConfigError(f"algorithm.memory_size={memory_size} is below train.clients_per_round="
@@ -499,6 +501,22 @@ def _resolve_compression(config: Config) -> None:
         compressing = ", ".join(name for name, entry in ALGORITHMS.items() if entry.build.compressed_upload)
         raise ConfigError(f"compression.name={compression.name} does not apply to {config.algorithm.name}, whose "
                           f"uploads are not one model update (compression applies to: {compressing})")
+
+
+def _resolve_client_replicas(config: Config) -> None:
+    """FedGATE's Option I (clients keep the model) where every client takes part every round, as the
+    paper runs it; Option II otherwise. Option I asked for under partial participation is refused."""
+    algorithm, train = config.algorithm, config.train
+    if algorithm.name not in ("fedgate", "fedcomgate"):
+        return
+    everyone = (train.clients_per_round == config.data.num_clients and config.systems.availability == "always"
+                and train.round_policy == "sync")
+    if algorithm.client_replicas is None:
+        algorithm.client_replicas = everyone
+    elif algorithm.client_replicas and not everyone:
+        raise ConfigError("algorithm.client_replicas=true (Option I) needs every client in every round: "
+                          "train.clients_per_round = data.num_clients, systems.availability=always and "
+                          "train.round_policy=sync; a client that missed a round would hold a stale model")
 
 
 def _resolve_interval(train: TrainConfig) -> None:

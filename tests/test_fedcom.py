@@ -278,7 +278,24 @@ def test_b1_uplink_bits_per_algorithm(tmp_path):
     assert all(up == 20 * 2 * per_client for up, _ in bits["scaffold"])               # FedGATE sends half
     assert all(up == 20 * (8 * d + 96) for up, _ in bits["fedcomgate"] + bits["fedpaq"])
     assert all(down == 20 * per_client for _, down in bits["fedavg"] + bits["fedpaq"])
-    assert all(down == 20 * 2 * per_client for _, down in bits["fedgate"] + bits["fedcomgate"] + bits["scaffold"])
+    assert all(down == 20 * 2 * per_client for _, down in bits["scaffold"])
+    # every client takes part: Option I, the trackers send Delta_bar alone (clients keep the model)
+    assert all(down == 20 * per_client for _, down in bits["fedgate"] + bits["fedcomgate"])
+
+
+def test_a12_option_i_and_option_ii_train_the_same_model_and_differ_in_downlink(tmp_path):
+    import rayfed
+    runs = {option: rayfed.run(rayfed.load_config(None, RUN + ["algorithm.name=fedcomgate", "compression.name=qsgd",
+                                                              f"algorithm.client_replicas={option}"]),
+                               run_dir=tmp_path / option, progress=False)
+            for option in ("true", "false")}
+    assert torch.equal(runs["true"].params, runs["false"].params)
+    d = runs["true"].summary["num_params"]
+    assert [m["bits_down"] for m in runs["false"].history] == [20 * 64 * d] * 3
+    assert [m["bits_down"] for m in runs["true"].history] == [20 * 32 * d] * 3
+    with pytest.raises(rayfed.ConfigError, match="client_replicas=true \\(Option I\\) needs every client"):
+        rayfed.load_config(None, RUN + ["algorithm.name=fedgate", "algorithm.client_replicas=true",
+                                        "train.clients_per_round=10"])
 
 
 def test_d1_gradient_similarity_is_a_cosine_matrix_and_shards_are_less_alike_than_iid(tmp_path):
@@ -295,3 +312,41 @@ def test_d1_gradient_similarity_is_a_cosine_matrix_and_shards_are_less_alike_tha
         assert "gradient_similarity" not in result.history[0]                     # only at evaluations
         means[partition] = last["gradient_similarity_mean"]
     assert means["iid"] > means["shards"] + 0.2
+
+
+# ---- T-A11, T-A16: sampling and unbiased aggregation ----
+
+def test_a11_each_round_samples_k_distinct_clients_uniformly():
+    from scipy.stats import chisquare
+
+    from rayfed.selection import select
+    from rayfed.seeding import numpy_rng
+    counts = np.zeros(M)
+    for round in range(10_000):
+        chosen = select("uniform", np.arange(M), np.full(M, 10), 5, numpy_rng(0, Purpose.SAMPLE_CLIENTS, round))
+        assert len(set(chosen.clients.tolist())) == len(chosen.clients) == 5
+        counts[chosen.clients] += 1
+    assert chisquare(counts).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("name", ["fedcom", "fedcomgate"])
+def test_a16_the_compressed_aggregate_is_unbiased(name):
+    """The same local training, only the compressor redrawn: the mean next model is the uncompressed one."""
+    from rayfed.algorithms.base import Upload
+    algorithm = make(name, lr_local=0.02, lr_global=1.0)
+    state = algorithm.server_init(torch.zeros(DIM, dtype=F64), M)
+    updates = {}
+    for j in range(M):
+        upload, _ = algorithm.client_train(QuadraticClient(j), algorithm.broadcast(state), None)
+        updates[j] = upload.tensors[algorithm.compressed_upload]
+    exact = algorithm.server_step(state, {j: Upload({algorithm.compressed_upload: u}, 10) for j, u in updates.items()},
+                                  RoundInfo(0, tuple(range(M)), M))[0].params
+    compressor, draws = QSGD(2), []
+    for repetition in range(5000):
+        uploads = {j: Upload({algorithm.compressed_upload: compressor.decompress(
+            compressor.compress(u, torch_generator(repetition, Purpose.COMPRESSION, 0, j)), DIM)}, 10)
+            for j, u in updates.items()}
+        draws.append(algorithm.server_step(state, uploads, RoundInfo(0, tuple(range(M)), M))[0].params)
+    draws = torch.stack(draws)
+    z = (draws.mean(0) - exact) / (draws.std(0) / np.sqrt(len(draws)))
+    assert z.abs().max() <= 4.5

@@ -94,6 +94,9 @@ class Algorithm:
     # Whether the server replies to the round's clients after its step (server_reply), and they
     # update their state with it (client_finish): FedGATE's tracking needs the round's average.
     replies = False
+    # Whether a deployment sends the broadcast to the round's clients (False: they keep the model
+    # themselves, FedGATE's Option I); rayfed's engines move it either way.
+    sends_model = True
 
     def server_init(self, params: Tensor, num_clients: int) -> Any:
         raise NotImplementedError

@@ -42,12 +42,16 @@ class FedGATE(Algorithm):
     replies = True
 
     def __init__(self, lr_local: float, lr_global: float, *, alpha: float = 1.0, own_term: str = "compressed",
-                 memory: bool = False, lr_decay: float = 1.0):
+                 memory: bool = False, client_replicas: bool = False, lr_decay: float = 1.0):
         self.lr_local = lr_local        # eta
         self.lr_global = lr_global      # gamma
         self.alpha = alpha
         self.own_term = own_term
         self.memory = memory
+        # Option I (full participation only): every client applies w <- w - eta gamma Delta_bar to its own
+        # replica of the model, so the server sends Delta_bar alone. The models are Option II's; only the
+        # downlink a deployment needs differs.
+        self.sends_model = not client_replicas
         self.lr_decay = lr_decay
 
     def server_init(self, params: Tensor, num_clients: int) -> FedGATEServerState:

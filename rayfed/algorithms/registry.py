@@ -66,6 +66,7 @@ HYPERPARAMETERS: dict[str, Any] = {
     "alpha": Annotated[float, Field(gt=0.0, le=1.0)],
     "own_term": Literal[OWN_TERMS],
     "memory": bool,
+    "client_replicas": bool,
 }
 _CHECKERS = {key: TypeAdapter(declared) for key, declared in HYPERPARAMETERS.items()}
 
@@ -117,8 +118,11 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
     # FedPAQ is FedCOM with gamma = 1 as the FedPAQ paper runs it. The names are FedAvgM's, for reports.
     "fedcom": AlgorithmEntry(FedAvgM, {}, {"beta1": 0.0, "mu": 0.0}),
     "fedpaq": AlgorithmEntry(FedAvgM, {}, {"beta1": 0.0, "mu": 0.0}),
-    "fedgate": AlgorithmEntry(FedGATE, {"alpha": 1.0}, {"own_term": "compressed", "memory": False}, weighted=False),
-    "fedcomgate": AlgorithmEntry(FedGATE, {"alpha": 1.0, "own_term": "compressed", "memory": False}, weighted=False),
+    # client_replicas None: Option I exactly when every client takes part (config.py fills it in).
+    "fedgate": AlgorithmEntry(FedGATE, {"alpha": 1.0, "client_replicas": None}, {"own_term": "compressed", "memory": False},
+                              weighted=False),
+    "fedcomgate": AlgorithmEntry(FedGATE, {"alpha": 1.0, "own_term": "compressed", "memory": False,
+                                           "client_replicas": None}, weighted=False),
     "scaffold": AlgorithmEntry(Scaffold, {}),
 }
 # What of train.* an algorithm's server step needs: FedMoS's normalisation eta_t I, FedGATE's eta_t.

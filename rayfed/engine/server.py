@@ -228,7 +228,7 @@ class Server:
             floats = sum(t.numel() for name, t in upload.tensors.items()
                          if message_bits is None or name != self.algorithm.compressed_upload)
             up += int(message_bits or 0) + FLOAT_BITS * (floats + result.buffers.numel())
-        down = 8 * down_bytes * len(self.plan.sampled)
+        down = 8 * down_bytes * len(self.plan.sampled) if self.algorithm.sends_model else 0
         if self.pending_reply is not None:
             reply, clients = self.pending_reply
             down += FLOAT_BITS * sum(t.numel() for t in reply.values()) * len(clients)     # float32 replies
