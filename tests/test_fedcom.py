@@ -350,3 +350,19 @@ def test_a16_the_compressed_aggregate_is_unbiased(name):
     draws = torch.stack(draws)
     z = (draws.mean(0) - exact) / (draws.std(0) / np.sqrt(len(draws)))
     assert z.abs().max() <= 4.5
+
+
+def test_the_run_logs_the_tracking_diagnostics_and_they_show_the_zero_sum(tmp_path):
+    """§3.4 at evaluations, from every worker's clients: ||sum_j delta_j|| is float32 rounding with the
+    paper's own term, and not with the uncompressed one."""
+    import rayfed
+    sampled = RUN + ["train.clients_per_round=10", "algorithm.name=fedcomgate", "compression.name=qsgd",
+                     "train.rounds=4", "train.eval_every=2"]
+    runs = {term: rayfed.run(rayfed.load_config(None, sampled + [f"algorithm.own_term={term}"]),
+                             run_dir=tmp_path / term, progress=False).history for term in ("compressed", "uncompressed")}
+    for term, history in runs.items():
+        logged = [m for m in history if "tracking_sum_norm" in m]
+        assert [m["round"] for m in logged] == [2, 4]
+        for metrics in logged:
+            ratio = metrics["tracking_sum_norm"] / metrics["tracking_max_norm"]
+            assert (ratio < 1e-5) if term == "compressed" else (ratio > 1e-2), (term, ratio)

@@ -132,6 +132,14 @@ class Algorithm:
         """A client's state once the reply came; `sent`: its compressed upload as the server decoded it."""
         raise NotImplementedError
 
+    def summarize_client_states(self, client_states: list[Any]) -> dict[str, Any] | None:
+        """A worker's part of the clients' state diagnostics (None: the algorithm has none)."""
+        return None
+
+    def combine_state_summaries(self, summaries: list[dict[str, Any]]) -> dict[str, float]:
+        """The diagnostics of all clients' states, from the workers' parts, for metrics.jsonl."""
+        return {}
+
     def state_bytes(self, state: Any) -> int:
         """Bytes of tensors held in a (server or client) state: the memory the docs promise to report."""
         if state is None:

@@ -95,3 +95,14 @@ class FedGATE(Algorithm):
         tracking = client_state.tracking.add(own - average, alpha=self.alpha / client_state.steps)
         memory = client_state.memory + client_state.update - average if self.memory else None
         return FedGATEClientState(tracking=tracking, memory=memory, update=None, steps=client_state.steps)
+
+    def summarize_client_states(self, client_states: list[FedGATEClientState]) -> dict[str, Tensor | float]:
+        tracking = [state.tracking for state in client_states]
+        return {"sum": torch.stack(tracking).double().sum(0).cpu() if tracking else None,
+                "max_norm": max((float(t.double().norm()) for t in tracking), default=0.0)}
+
+    def combine_state_summaries(self, summaries: list[dict]) -> dict[str, float]:
+        """specs/fedcom.md §3.4: ||sum_j delta_j|| (0 up to rounding with the paper's rule) and max_j ||delta_j||."""
+        sums = [summary["sum"] for summary in summaries if summary["sum"] is not None]
+        return {"tracking_sum_norm": float(torch.stack(sums).sum(0).norm()) if sums else 0.0,
+                "tracking_max_norm": max(summary["max_norm"] for summary in summaries)}

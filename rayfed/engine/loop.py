@@ -66,8 +66,14 @@ def play_round(engine: Engine, round: int, clients_keep_state: bool, faults: Fau
         reply = engine.get(engine.server.reply())
         if reply is not None:
             tensors, participants = reply
-            engine.get([engine.workers[worker].finish_round(tensors, [c for c in per_worker[worker] if c in participants])
-                        for worker in delivered])
+            # At evaluations, every worker (not only this round's) reports on all its clients' states.
+            summarize = "test_accuracy" in metrics
+            finishing = range(len(engine.workers)) if summarize else delivered
+            summaries = engine.get([engine.workers[worker].finish_round(
+                tensors, [c for c in per_worker.get(worker, []) if c in participants and worker in delivered],
+                summarize) for worker in finishing])
+            if summarize:
+                metrics.update(engine.get(engine.server.combine_state_summaries(summaries)))
     similarity_clients = engine.get(engine.server.similarity_clients()) if "test_accuracy" in metrics else []
     if similarity_clients:
         down = engine.server.broadcast()

@@ -88,8 +88,8 @@ class RayClientWorker:
     def commit(self) -> None:
         self.attached().commit()
 
-    def finish_round(self, reply, client_ids: list[int]) -> None:
-        self.attached().finish_round(reply, client_ids)
+    def finish_round(self, reply, client_ids: list[int], summarize: bool = False):
+        return self.attached().finish_round(reply, client_ids, summarize)
 
     def discard(self) -> None:
         self.attached().discard()

@@ -326,6 +326,9 @@ class Server:
         }
         return self.warmup_summary
 
+    def combine_state_summaries(self, summaries: list[dict]) -> dict[str, float]:
+        return self.algorithm.combine_state_summaries([summary for summary in summaries if summary is not None])
+
     def similarity_clients(self) -> list[int]:
         """The clients of the gradient-similarity diagnostic (train.similarity_clients; none when off)."""
         return list(range(self.config.train.similarity_clients))

@@ -297,14 +297,16 @@ class ClientWorker:
         self.pending_states = {}
         self.sent_updates = {}
 
-    def finish_round(self, reply: dict[str, Tensor], client_ids: list[int]) -> None:
+    def finish_round(self, reply: dict[str, Tensor], client_ids: list[int], summarize: bool = False) -> dict | None:
         """The server's reply to the round's clients whose uploads counted (Algorithm.replies): each
-        updates its committed state with it."""
+        updates its committed state with it. With `summarize`, this worker's part of the diagnostics
+        of all its clients' states."""
         reply = {name: tensor.to(self.device) for name, tensor in reply.items()}
         for client_id in client_ids:
             self.client_states[client_id] = self.algorithm.client_finish(self.client_states[client_id], reply,
                                                                          self.sent_updates[client_id])
         self.sent_updates = {}
+        return self.algorithm.summarize_client_states(list(self.client_states.values())) if summarize else None
 
     def snapshot_client_states(self) -> dict[int, Any]:
         return {client: tensors_to(state, torch.device("cpu")) for client, state in self.client_states.items()}
