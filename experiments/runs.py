@@ -1,21 +1,27 @@
 """What the experiment scripts share: a run directory's metrics, running the run first if it has
-not finished (a finished one is read back, so a study can be rerun to add seeds or methods)."""
+not ended (a finished or diverged one is read back, so a study can be rerun to add seeds or methods)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import rayfed
+from rayfed.errors import RunStopped
 from rayfed.metrics import read_summary
 
 
 def run_or_read(scenario: Path, overrides: list[str], run_dir: Path) -> list[dict]:
-    """metrics.jsonl of `rayfed run scenario overrides...` in `run_dir`."""
+    """metrics.jsonl of `rayfed run scenario overrides...` in `run_dir`; a run that diverged keeps the
+    rounds before it stopped (its summary.json says `diverged`)."""
     summary = read_summary(run_dir)
-    if summary is None or summary.get("status") != "finished":
+    if summary is None or summary.get("status") not in ("finished", "diverged"):
         config = rayfed.load_config(str(scenario), overrides)
         if run_dir.exists():
             for path in sorted(run_dir.iterdir()):
                 path.unlink()
-        rayfed.run(config, run_dir=run_dir, progress=False)
+        try:
+            rayfed.run(config, run_dir=run_dir, progress=False)
+        except RunStopped as stopped:
+            if stopped.status != "diverged":
+                raise
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -149,3 +149,15 @@ def test_a_late_worker_is_a_straggler_and_its_clients_do_not_move_on(tmp_path, r
 def test_fault_configuration_errors(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         rayfed.load_config(None, RAY_MIFA + overrides)
+
+
+def test_a_worker_killed_before_its_clients_track_the_round_is_restarted_from_the_checkpoint(tmp_path, ray_cluster):
+    """FedGATE's clients finish a round with the server's reply: a worker that dies after delivering
+    (before the reply) is revived, its clients' tracking vectors back to the checkpoint's."""
+    result = run(tmp_path, "algorithm.name=fedgate", "train.rounds=5", "train.checkpoint_every=2",
+                 "engine.fault_injection=['kill:1:3:delivered']")
+    history = result.history
+    assert [m["round"] for m in history] == [1, 2, 3, 4, 5]
+    assert history[2]["failed_workers"] == {"1": "died"}
+    assert any(m.get("client_states_after_restart") == "restored from the checkpoint of round 2" for m in history)
+    assert result.summary["status"] == "finished" and result.summary["client_state_bytes"] > 0

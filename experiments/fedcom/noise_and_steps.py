@@ -4,8 +4,9 @@ fixed noise with tau in {1, 5, 10, 20}; each over several seeds.
 
     python experiments/fedcom/noise_and_steps.py experiments/fedcom/digits.yaml --seeds 3 --out runs/fedcom
 
-Prints, per setting, the seed-mean global training loss after 10, 50 and all rounds and the first
-round whose seed-mean loss is at most --loss-target; writes OUT/<scenario>_fig9/table.md and .json.
+Prints, per setting, the seed-mean global training loss (over the seeds that did not diverge) after
+10, 50 and all rounds, the first round whose seed-mean loss is at most --loss-target, and the round
+each diverging seed stopped at; writes OUT/<scenario>_fig9/table.md and .json.
 """
 from __future__ import annotations
 
@@ -49,21 +50,25 @@ def main(argv: list[str] | None = None) -> int:
         slug = "".join(c if c.isalnum() else "_" for c in label).strip("_")
         runs = [run_or_read(args.scenario, [*BASE, *overrides, f"seed={seed}"], out / slug / f"seed{seed}")
                 for seed in range(args.seeds)]
-        evaluated = [[m for m in run if "global_train_loss" in m] for run in runs]
+        finished = [run for run in runs if len(run) == len(max(runs, key=len)) and run[-1]["round"] > 1]
+        diverged = [run[-1]["round"] + 1 for run in runs if run not in finished]
+        evaluated = [[m for m in run if "global_train_loss" in m] for run in finished]
         loss = np.mean([[m["global_train_loss"] for m in run] for run in evaluated], axis=0)
         rounds = [m["round"] for m in evaluated[0]]
         hit = first_crossing(loss, args.loss_target, below=True)
-        rows.append({"setting": label, "loss_at": {str(r): float(loss[rounds.index(r)]) for r in (10, 50, rounds[-1])
-                                                   if r in rounds},
+        rows.append({"setting": label, "diverged_in_rounds": diverged, "seeds_finished": len(finished),
+                     "loss_at": {str(r): float(loss[rounds.index(r)]) for r in (10, 50, rounds[-1]) if r in rounds},
                      "round_to_target": None if hit is None else rounds[hit],
-                     "compression_error": float(np.mean([m["compression_error"] for run in runs for m in run]))})
+                     "compression_error": float(np.median([m["compression_error"] for run in finished for m in run]))})
         print(f"{label}: done", file=sys.stderr)
     last = rows[0]["loss_at"]
-    header = ["| setting | mean ‖Q(Δ)−Δ‖²/‖Δ‖² | " + " | ".join(f"loss at round {r}" for r in last) +
-              f" | round to loss ≤ {args.loss_target:g} |", "|---|---|" + "---|" * len(last) + "---|"]
+    header = ["| setting | median ‖Q(Δ)−Δ‖²/‖Δ‖² | " + " | ".join(f"loss at round {r}" for r in last) +
+              f" | round to loss ≤ {args.loss_target:g} | seeds that diverged (round) |",
+              "|---|---|" + "---|" * len(last) + "---|---|"]
     lines = [f"| {row['setting']} | {row['compression_error']:.2e} | " +
              " | ".join(f"{row['loss_at'].get(r, float('nan')):.4f}" for r in last) +
-             f" | {row['round_to_target'] or 'never'} |" for row in rows]
+             f" | {row['round_to_target'] or 'never'} | "
+             f"{', '.join(map(str, row['diverged_in_rounds'])) or 'none'} |" for row in rows]
     text = "\n".join(header + lines)
     print(text)
     (out / "table.md").write_text(text + "\n")

@@ -65,15 +65,7 @@ def play_round(engine: Engine, round: int, clients_keep_state: bool, faults: Fau
     if clients_keep_state:
         reply = engine.get(engine.server.reply())
         if reply is not None:
-            tensors, participants = reply
-            # At evaluations, every worker (not only this round's) reports on all its clients' states.
-            summarize = "test_accuracy" in metrics
-            finishing = range(len(engine.workers)) if summarize else delivered
-            summaries = engine.get([engine.workers[worker].finish_round(
-                tensors, [c for c in per_worker.get(worker, []) if c in participants and worker in delivered],
-                summarize) for worker in finishing])
-            if summarize:
-                metrics.update(engine.get(engine.server.combine_state_summaries(summaries)))
+            metrics.update(finish_round(engine, reply, per_worker, delivered, failed, "test_accuracy" in metrics))
     similarity_clients = engine.get(engine.server.similarity_clients()) if "test_accuracy" in metrics else []
     if similarity_clients:
         down = engine.server.broadcast()
@@ -84,6 +76,27 @@ def play_round(engine: Engine, round: int, clients_keep_state: bool, faults: Fau
     if failed:
         metrics["failed_workers"] = {str(worker): why for worker, why in sorted(failed.items())}
     return metrics
+
+
+def finish_round(engine: Engine, reply: tuple, per_worker: dict[int, list[int]], delivered: dict,
+                 failed: dict[int, str], summarize: bool) -> dict:
+    """The server's reply to the round's clients (Algorithm.replies); with `summarize`, every worker
+    reports on all its clients' states too. A worker that dies meanwhile joins `failed`: the supervisor
+    revives it, and its clients go back to the last checkpoint as after any worker death."""
+    tensors, participants = reply
+    finishing = range(len(engine.workers)) if summarize else list(delivered)
+    calls = {worker: engine.workers[worker].finish_round(
+        tensors, [c for c in per_worker.get(worker, []) if c in participants and worker in delivered], summarize)
+        for worker in finishing}
+    summaries = []
+    for worker, call in calls.items():
+        try:
+            summaries.append(engine.get(call))
+        except WorkerLost as lost:
+            failed.update({dead: "died" for dead in lost.workers})
+    if not summarize or any(worker in failed for worker in calls):
+        return {}
+    return engine.get(engine.server.combine_state_summaries(summaries))
 
 
 def warm_up_selection(engine: Engine, clients_keep_state: bool) -> dict:
