@@ -50,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         slug = "".join(c if c.isalnum() else "_" for c in label).strip("_")
         runs = [run_or_read(args.scenario, [*BASE, *overrides, f"seed={seed}"], out / slug / f"seed{seed}")
                 for seed in range(args.seeds)]
-        finished = [run for run in runs if len(run) == len(max(runs, key=len)) and run[-1]["round"] > 1]
-        diverged = [run[-1]["round"] + 1 for run in runs if run not in finished]
+        # A diverged run's last round has no finite loss (metrics.jsonl writes null).
+        finished = [run for run in runs if run[-1].get("global_train_loss") is not None]
+        diverged = [run[-1]["round"] for run in runs if run[-1].get("global_train_loss") is None]
         evaluated = [[m for m in run if "global_train_loss" in m] for run in finished]
         loss = np.mean([[m["global_train_loss"] for m in run] for run in evaluated], axis=0)
         rounds = [m["round"] for m in evaluated[0]]
