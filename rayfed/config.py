@@ -323,6 +323,8 @@ class CompressionConfig(_Section):
     bits: Optional[_count(gt=0, le=MAX_CODE_BITS)] = None
     zero_point_noise: Optional[_count(ge=0, le=MAX_ZERO_POINT_NOISE)] = None
     per_tensor: _Flag = False
+    # FedCOMGATE: compress the server's reply too (specs/fedcom.md §2.5; not Algorithm 2).
+    downlink: _Flag = False
 
 
 class LoggingConfig(_Section):
@@ -495,6 +497,9 @@ def _resolve_compression(config: Config) -> None:
     if compression.name != "identity" and config.algorithm.name == "fedgate":
         raise ConfigError(f"compression.name={compression.name} does not apply to fedgate, which sends its update "
                           f"uncompressed: FedGATE with compression is algorithm.name=fedcomgate")
+    if compression.downlink and (config.algorithm.name != "fedcomgate" or compression.name in ("identity", "top_k")):
+        raise ConfigError("compression.downlink compresses FedCOMGATE's reply, the average of the messages: it needs "
+                          "algorithm.name=fedcomgate and a dense compressor (a sum of top-k vectors is not sparse)")
     if config.algorithm.memory and compression.name != "top_k":
         raise ConfigError("algorithm.memory (error feedback) goes with compression.name=top_k (specs/fedcom.md §2.4)")
     if compression.name != "identity" and ALGORITHMS[config.algorithm.name].build.compressed_upload is None:

@@ -25,6 +25,7 @@ class Purpose(IntEnum):
     COMPRESSION = 12
     GRADIENT_SIMILARITY = 13
     FEMNIST_WRITERS = 14
+    COMPRESSION_DOWNLINK = 15
 
 
 def derive_seed(seed: int, purpose: Purpose, round: int = 0, client_id: int = 0) -> int:

@@ -56,7 +56,8 @@ class Run:
         self.params, self.states, self.messages, self.averages, self.updates = [], [], [], [], []
 
 
-def play(algorithm, rounds, compressor=None, sampled=None, steps=10, seed=0, noise=None, stop_above=None):
+def play(algorithm, rounds, compressor=None, sampled=None, steps=10, seed=0, noise=None, stop_above=None,
+         downlink=None):
     """Rounds of `algorithm` on the testbed, as the worker and server run them: each client's update
     compressed from its own stream, the server aggregating what it decodes, then the reply."""
     clients = [QuadraticClient(j, steps, noise) for j in range(M)]
@@ -76,7 +77,11 @@ def play(algorithm, rounds, compressor=None, sampled=None, steps=10, seed=0, noi
                     upload.tensors[name] = compressor.decompress(compressor.compress(raw[j], generator), DIM)
                 sent[j] = upload.tensors[name]
             uploads[j] = upload
-        state, _ = algorithm.server_step(state, uploads, RoundInfo(round, tuple(chosen), M))
+        compress_down = None
+        if downlink is not None:
+            generator = torch_generator(seed, Purpose.COMPRESSION_DOWNLINK, round)
+            compress_down = lambda vector: downlink.decompress(downlink.compress(vector, generator), DIM)  # noqa: E731
+        state, _ = algorithm.server_step(state, uploads, RoundInfo(round, tuple(chosen), M, downlink=compress_down))
         if algorithm.replies:
             reply = algorithm.server_reply(state)
             for j in chosen:
@@ -177,6 +182,22 @@ def test_a9_the_tracking_vectors_sum_to_zero_with_any_compressor_and_sampling():
     broken, _ = play(make("fedcomgate", lr_local=0.02, lr_global=1.0, own_term="uncompressed"), rounds=3,
                      compressor=QSGD(2))
     assert zero_sum_gap(broken, 2) > 1
+    # nor with a compressed reply: sum_j (M_j - Q(Delta_bar)) = K (Delta_bar - Q(Delta_bar))
+    downlink, _ = play(make("fedcomgate", lr_local=0.02, lr_global=1.0), rounds=3, compressor=QSGD(2),
+                       downlink=QSGD(2))
+    assert zero_sum_gap(downlink, 2) > 1
+
+
+def test_a_compressed_reply_moves_the_model_and_the_tracking_by_the_same_decoded_value():
+    run, _ = play(make("fedcomgate", lr_local=0.02, lr_global=0.5), rounds=2, compressor=QSGD(4), downlink=QSGD(4))
+    generator = torch_generator(0, Purpose.COMPRESSION_DOWNLINK, 1)
+    exact = torch.stack(list(run.messages[1].values())).mean(0)
+    decoded = QSGD(4).decompress(QSGD(4).compress(exact, generator), DIM)
+    torch.testing.assert_close(run.averages[1], decoded, rtol=0, atol=1e-12)
+    torch.testing.assert_close(run.params[1], run.params[0] - 0.02 * 0.5 * decoded, rtol=0, atol=1e-12)
+    for j in range(M):
+        torch.testing.assert_close(tracking(run, 1, j) - tracking(run, 0, j),
+                                   (run.messages[1][j] - decoded) / 10, rtol=0, atol=1e-12)
 
 
 def test_a10_clients_not_sampled_keep_their_state_bit_for_bit():
@@ -293,6 +314,12 @@ def test_a12_option_i_and_option_ii_train_the_same_model_and_differ_in_downlink(
     d = runs["true"].summary["num_params"]
     assert [m["bits_down"] for m in runs["false"].history] == [20 * 64 * d] * 3
     assert [m["bits_down"] for m in runs["true"].history] == [20 * 32 * d] * 3
+    compressed_reply = rayfed.run(rayfed.load_config(None, RUN + ["algorithm.name=fedcomgate", "compression.name=qsgd",
+                                                                  "compression.levels=2", "compression.downlink=true"]),
+                                  run_dir=tmp_path / "downlink", progress=False)
+    assert [m["bits_down"] for m in compressed_reply.history] == [20 * (32 + d * 3)] * 3       # Option I: Q(Delta_bar)
+    with pytest.raises(rayfed.ConfigError, match="compression.downlink compresses FedCOMGATE's reply"):
+        rayfed.load_config(None, RUN + ["algorithm.name=fedcom", "compression.name=qsgd", "compression.downlink=true"])
     with pytest.raises(rayfed.ConfigError, match="client_replicas=true \\(Option I\\) needs every client"):
         rayfed.load_config(None, RUN + ["algorithm.name=fedgate", "algorithm.client_replicas=true",
                                         "train.clients_per_round=10"])

@@ -77,6 +77,9 @@ class RoundInfo:
     # With such a selector, the importance p_i = D_i / sum_j D_j (over all N clients) of each client
     # that counts: what MIFA weights its clients' latest updates by.
     importances: dict[int, float] | None = None
+    # compression.downlink: the round's broadcast compressor (one draw, on the server), vector -> what
+    # the clients decode; None: the reply goes uncompressed.
+    downlink: Callable[[Tensor], Tensor] | None = None
 
 
 class Algorithm:

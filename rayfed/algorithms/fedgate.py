@@ -81,6 +81,9 @@ class FedGATE(Algorithm):
     def server_step(self, state: FedGATEServerState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[FedGATEServerState, dict]:
         average = weighted_average(uploads, "update", "uniform", round_info.weights)      # Delta_bar
+        if round_info.downlink is not None:
+            # One compressed broadcast: the same decoded value moves the model and every client's tracking.
+            average = round_info.downlink(average)
         lr = self.lr_local * self.lr_decay ** round_info.round
         return FedGATEServerState(params=state.params.sub(average, alpha=lr * self.lr_global), average=average), {}
 

@@ -18,7 +18,7 @@ from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult
 from rayfed.engine.process_memory import peak_rss
 from rayfed.engine.worker import as_tensor, device_for, tensors_to, threads_per_process
 from rayfed.models import FlatModel, build_model
-from rayfed.seeding import Purpose, derive_seed, numpy_rng
+from rayfed.seeding import Purpose, derive_seed, numpy_rng, torch_generator
 from rayfed.compression import FLOAT_BITS, build_compressor, decode_upload
 from rayfed.selection import ClientOrder, cluster_order, cosine_similarities, select
 from rayfed.systems.async_buffer import AsyncBuffer
@@ -47,6 +47,8 @@ class Server:
                            if config.compression.name != "identity" else None)
         # Cumulative bits up and down, as a deployment would send them (specs/fedcom.md §3.3).
         self.bits_totals = [0, 0]
+        # The bits of the round's compressed reply (compression.downlink), None when it goes uncompressed.
+        self.downlink_bits: int | None = None
         # The last step's reply to its clients and who they are (Algorithm.replies), until the driver takes it.
         self.pending_reply: tuple[dict[str, Tensor], set[int]] | None = None
         self.schedule = LocalSchedule.from_config(config.train)
@@ -153,7 +155,8 @@ class Server:
             self.state, algorithm_metrics = self.algorithm.server_step(
                 self.state, {r.client_id: r.upload for r in counted},
                 RoundInfo(round=round, sampled=tuple(order), num_clients=self.config.data.num_clients,
-                          weights=self.round_weights, importances=self._importances(counted)))
+                          weights=self.round_weights, importances=self._importances(counted),
+                          downlink=self._downlink(round)))
             if self.algorithm.replies:
                 reply = {name: t.cpu() for name, t in self.algorithm.server_reply(self.state).items()}
                 self.pending_reply = (reply, {r.client_id for r in counted})
@@ -202,6 +205,20 @@ class Server:
         }
         return metrics
 
+    def _downlink(self, round: int):
+        """compression.downlink: the round's reply compressor, from the server's stream (seed, round);
+        it records the message's bits for the downlink count."""
+        self.downlink_bits = None
+        if not self.config.compression.downlink:
+            return None
+
+        def compress(vector: Tensor) -> Tensor:
+            message = self.compressor.compress(vector, torch_generator(self.config.seed, Purpose.COMPRESSION_DOWNLINK,
+                                                                       round))
+            self.downlink_bits = message.bits
+            return self.compressor.decompress(message, vector.numel())
+        return compress
+
     def _reply_bytes(self) -> int:
         if self.pending_reply is None:
             return 0
@@ -231,7 +248,9 @@ class Server:
         down = 8 * down_bytes * len(self.plan.sampled) if self.algorithm.sends_model else 0
         if self.pending_reply is not None:
             reply, clients = self.pending_reply
-            down += FLOAT_BITS * sum(t.numel() for t in reply.values()) * len(clients)     # float32 replies
+            per_client = (self.downlink_bits if self.downlink_bits is not None
+                          else FLOAT_BITS * sum(t.numel() for t in reply.values()))          # float32 replies
+            down += per_client * len(clients)
         self.bits_totals = [self.bits_totals[0] + up, self.bits_totals[1] + down]
         metrics = {"bits_up": up, "bits_down": down, "bits_up_total": self.bits_totals[0],
                    "bits_down_total": self.bits_totals[1]}
