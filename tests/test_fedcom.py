@@ -7,43 +7,29 @@ import torch
 from rayfed.algorithms.base import RoundInfo
 from rayfed.compression import QSGD, Identity, RandK, TopK
 from rayfed.seeding import Purpose, torch_generator
-from tests.fakes import make
+from tests.fakes import ScriptedTask, make
 
 F64 = torch.float64
 M, DIM = 10, 20
 
 
-class QuadraticClient:
-    """f_j(w) = 1/2 (w - c_j)' H_j (w - c_j), H_j = A A'/d + 0.5 I (the spec's testbed); its gradients
-    are exact (sigma = 0) unless `noise`, a fixed sequence of perturbations per step."""
+class QuadraticClient(ScriptedTask):
+    """f_j(w) = 1/2 (w - c_j)' H_j (w - c_j), H_j = A A'/d + 0.5 I (the spec's testbed), exact gradients
+    (sigma = 0), each one recorded."""
 
-    def __init__(self, j, steps=10, noise=None):
+    def __init__(self, j, steps=10):
+        super().__init__([torch.zeros(DIM, dtype=F64)])
         generator = torch.Generator().manual_seed(40 + j)
         root = torch.randn(DIM, DIM, generator=generator, dtype=F64)
         self.H = root @ root.T / DIM + 0.5 * torch.eye(DIM, dtype=F64)
         self.c = 3 * torch.randn(DIM, generator=generator, dtype=F64)
-        self.steps, self.lr_factor, self.num_samples = steps, 1.0, 10
-        self.noise = noise
-        self.position = 0
+        self.steps = steps
         self.gradients = []
-
-    def start_from(self, params):
-        self.params = params.clone()
-        return self.params
-
-    def next_batch(self):
-        self.position += 1
-        return self.position - 1
 
     def loss_and_grad(self, params, batch):
         grad = self.H @ (params - self.c)
-        if self.noise is not None:
-            grad = grad + self.noise[batch % len(self.noise)]
         self.gradients.append(grad.clone())
         return (0.5 * (params - self.c) @ self.H @ (params - self.c)).detach(), grad
-
-    def decay(self, params, lr):
-        pass
 
 
 def optimum(clients):
@@ -56,11 +42,10 @@ class Run:
         self.params, self.states, self.messages, self.averages, self.updates = [], [], [], [], []
 
 
-def play(algorithm, rounds, compressor=None, sampled=None, steps=10, seed=0, noise=None, stop_above=None,
-         downlink=None):
+def play(algorithm, rounds, compressor=None, sampled=None, steps=10, seed=0, stop_above=None, downlink=None):
     """Rounds of `algorithm` on the testbed, as the worker and server run them: each client's update
     compressed from its own stream, the server aggregating what it decodes, then the reply."""
-    clients = [QuadraticClient(j, steps, noise) for j in range(M)]
+    clients = [QuadraticClient(j, steps) for j in range(M)]
     state = algorithm.server_init(torch.zeros(DIM, dtype=F64), M)
     client_states, run = {}, Run()
     name = algorithm.compressed_upload
