@@ -25,3 +25,8 @@ def run_or_read(scenario: Path, overrides: list[str], run_dir: Path) -> list[dic
             if stopped.status != "diverged":
                 raise
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def slug(label: str) -> str:
+    """A label ("FedMoS (ACS)", "(a) tau=10, N_z=0") as a directory name."""
+    return "".join(c if c.isalnum() else "_" for c in label.lower()).strip("_")

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from runs import run_or_read  # noqa: E402  (experiments/runs.py)
+from runs import run_or_read, slug  # noqa: E402  (experiments/runs.py)
 
 from rayfed.report.stats import first_crossing  # noqa: E402
 
@@ -47,8 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out / f"{args.scenario.stem}_fig9"
     rows = []
     for label, overrides in settings().items():
-        slug = "".join(c if c.isalnum() else "_" for c in label).strip("_")
-        runs = [run_or_read(args.scenario, [*BASE, *overrides, f"seed={seed}"], out / slug / f"seed{seed}")
+        runs = [run_or_read(args.scenario, [*BASE, *overrides, f"seed={seed}"], out / slug(label) / f"seed{seed}")
                 for seed in range(args.seeds)]
         # A diverged run's last round has no finite loss (metrics.jsonl writes null).
         finished = [run for run in runs if run[-1].get("global_train_loss") is not None]

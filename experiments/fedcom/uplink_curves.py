@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from runs import run_or_read  # noqa: E402  (experiments/runs.py)
+from runs import run_or_read, slug  # noqa: E402  (experiments/runs.py)
 
 from rayfed.report.stats import first_crossing  # noqa: E402
 
@@ -34,10 +34,6 @@ METHODS = {
                                        "compression.ratio=0.1", "algorithm.memory=true"],
 }
 MEGABYTE_BITS = 8e6
-
-
-def slug(method: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in method.lower()).strip("_")
 
 
 def curves(runs: list[list[dict]]) -> dict[str, np.ndarray]:

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from runs import run_or_read  # noqa: E402  (experiments/runs.py, beside this script's folder)
+from runs import run_or_read, slug  # noqa: E402  (experiments/runs.py, beside this script's folder)
 
 from rayfed.report.stats import rounds_to_target  # noqa: E402
 
@@ -36,10 +36,6 @@ METHODS = {
 # Per scenario file: (training-loss target, test-accuracy target), §7.5 for the paper's datasets.
 TARGETS = {"mnist": (0.4, 0.95), "cifar10": (1.2, 0.60), "synthetic": (1.8, 0.45), "digits": (0.4, 0.90)}
 PAPER = "FedMoS (UCS)", "FedMoS (CACS)"
-
-
-def slug(method: str) -> str:
-    return method.lower().replace(" (", "_").replace(")", "")
 
 
 def run_method(scenario: Path, method: str, seed: int, overrides: list[str], out: Path) -> list[dict]:

@@ -45,8 +45,11 @@ class Engine(Protocol):
     def shutdown(self) -> None: ...
 
 
-def play_round(engine: Engine, round: int, clients_keep_state: bool, faults: FaultSchedule) -> dict:
-    """Runs round `round` (0-based) and returns its metrics."""
+def play_round(engine: Engine, round: int, clients_keep_state: bool, faults: FaultSchedule, replies: bool = False,
+               similarity_clients: list[int] = ()) -> dict:
+    """Runs round `round` (0-based) and returns its metrics. `replies`: the algorithm's server replies to
+    the round's clients (Algorithm.replies); `similarity_clients`: the clients of the gradient-similarity
+    diagnostic at evaluations (train.similarity_clients)."""
     sampled = engine.get(engine.server.sample(round))
     down = engine.server.broadcast()
     per_worker = assign_to_workers(sampled, len(engine.workers), clients_keep_state)
@@ -62,12 +65,11 @@ def play_round(engine: Engine, round: int, clients_keep_state: bool, faults: Fau
     lost = [client for worker in failed for client in per_worker[worker]]
     enact_due(engine, faults, SERVER, round, "step")
     metrics = engine.get(engine.server.step(round, *delivered.values(), lost=lost))
-    if clients_keep_state:
+    if replies:
         reply = engine.get(engine.server.reply())
         if reply is not None:
             metrics.update(finish_round(engine, reply, per_worker, delivered, failed, "test_accuracy" in metrics))
-    similarity_clients = engine.get(engine.server.similarity_clients()) if "test_accuracy" in metrics else []
-    if similarity_clients:
+    if similarity_clients and "test_accuracy" in metrics:
         down = engine.server.broadcast()
         askers = assign_to_workers(similarity_clients, len(engine.workers), clients_keep_state)
         gradients = engine.get([engine.workers[w].full_gradients(round, down, ids, Purpose.GRADIENT_SIMILARITY)

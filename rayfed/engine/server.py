@@ -130,6 +130,9 @@ class Server:
     def clients_keep_state(self) -> bool:
         return self.algorithm.keeps_client_state
 
+    def server_replies(self) -> bool:
+        return self.algorithm.replies
+
     def step(self, round: int, *worker_results: WorkerResult, lost: list[int] = ()) -> dict:
         """Completes round `round` (0-based) from the workers' results; returns its metrics. `lost`:
         clients trained this round whose results never came (their worker was late or died)."""

@@ -46,6 +46,7 @@ class Supervisor:
         # What became of the client states of workers revived between rounds, for the next round's metrics.
         self.revived_between_rounds: list[str] = []
         self.round = 0                  # the round being played: faults are scheduled by it
+        self.round_extras: dict = {}    # play_round's replies and similarity_clients, asked of the server
 
     def resume_from(self, checkpoint: Checkpoint, lines: list[bytes]) -> None:
         """Continues from `checkpoint`, whose rounds are `lines` of metrics.jsonl: the server and every
@@ -77,6 +78,9 @@ class Supervisor:
 
     def _play_to_the_end(self) -> dict:
         clients_keep_state = self.engine.get(self.engine.server.clients_keep_state())
+        # Asked once: what each round does beyond training, so rounds without it make no extra calls.
+        self.round_extras = {"replies": self.engine.get(self.engine.server.server_replies()),
+                             "similarity_clients": self.engine.get(self.engine.server.similarity_clients())}
         if self.engine.get(self.engine.server.needs_warmup()):
             self._warm_up(clients_keep_state)
         while len(self.history) < self.config.train.rounds:
@@ -85,7 +89,7 @@ class Supervisor:
 
     def _play(self, round: int, clients_keep_state: bool) -> None:
         self.round = round
-        metrics = play_round(self.engine, round, clients_keep_state, self.faults)
+        metrics = play_round(self.engine, round, clients_keep_state, self.faults, **self.round_extras)
         metrics["wall_time_s"] = time.perf_counter() - self.started
         died = [int(worker) for worker, why in metrics.get("failed_workers", {}).items() if why == "died"]
         if died:
