@@ -12,7 +12,7 @@ from pathlib import Path
 from torch import Tensor
 
 from rayfed.algorithms.local_training import LocalSchedule
-from rayfed.algorithms.registry import build_algorithm
+from rayfed.algorithms.base import AlgorithmContext, build_algorithm
 from rayfed.checkpoint import CHECKPOINT, Checkpoint, check_belongs_to, lines_before, read_checkpoint
 from rayfed.config import Config, check_path, load_config, resolve
 from rayfed.data import Dataset, Partition, class_histogram, load_dataset, make_partition, write_histogram_csv
@@ -181,7 +181,7 @@ def _without_unsupported_vectorize(config: Config, dataset, partition: Partition
     if not config.engine.vectorize:
         return config
     model = build_model(config.model.name, dataset.input_shape, dataset.num_classes, config.model.hidden_sizes)
-    algorithm = build_algorithm(config.algorithm, FlatModel(model).blocks)
+    algorithm = build_algorithm(config.algorithm, AlgorithmContext.of_run(FlatModel(model).blocks, config.train))
     schedule = LocalSchedule.from_config(config.train)
     # Step counts scale alike in every round, so round 0's tell whether they ever differ.
     steps_differ = len({schedule.steps(0, int(size)) for size in partition.sizes}) > 1

@@ -23,31 +23,18 @@ from typing import Any
 import torch
 
 from rayfed.algorithms.base import Upload
-from rayfed.algorithms.fedavg import FedAvgMState
-from rayfed.algorithms.fedgate import FedGATEClientState, FedGATEServerState
-from rayfed.algorithms.fedlalr import FedLALRState
-from rayfed.algorithms.fedmos import FedMoSState
-from rayfed.algorithms.fedopt import FedOptState
-from rayfed.algorithms.gradma import GradMAClientState, GradMAServerState
-from rayfed.algorithms.lafedopt import LaFedOPTState
-from rayfed.algorithms.memory import GradientMemory
-from rayfed.algorithms.mifa import MIFAClientState, MIFAServerState
-from rayfed.algorithms.scaffold import ScaffoldClientState, ScaffoldServerState
-from rayfed.algorithms.server_optimizer import ServerOptimizerState
-from rayfed.algorithms.stem import STEMState
 from rayfed.config import Config
 from rayfed.engine.messages import ClientResult
 from rayfed.errors import ConfigError
 from rayfed.metrics import METRICS
+from rayfed.registry import ALGORITHMS
 from rayfed.systems.async_buffer import AsyncBuffer, InFlight
 
 CHECKPOINT = "checkpoint.pt"
 MAGIC = b"rayfed checkpoint, format 1\n"
-# The classes a checkpoint body may hold besides tensors and plain containers.
-STATE_CLASSES = [FedAvgMState, MIFAServerState, MIFAClientState, GradMAServerState, GradMAClientState,
-                 GradientMemory, FedLALRState, FedOptState, ServerOptimizerState, LaFedOPTState, AsyncBuffer,
-                 InFlight, ClientResult, Upload, FedMoSState, STEMState, FedGATEServerState, FedGATEClientState,
-                 ScaffoldServerState, ScaffoldClientState]
+# The classes a checkpoint body may hold besides tensors, plain containers and the state classes its
+# algorithm declares (Algorithm.state_classes): the server's own, FedBuff's clients in flight.
+ENGINE_CLASSES = [AsyncBuffer, InFlight, ClientResult, Upload]
 HEADER_FIELDS = {"rounds_completed": int, "algorithm": str, "model": str, "config_sha256": str,
                  "metrics_sha256": str}
 
@@ -103,8 +90,12 @@ def read_checkpoint(run_dir: Path) -> Checkpoint:
     recorded = header.pop("sha256")
     if recorded != _digest(header, body):
         raise ConfigError(f"{path} is damaged: its bytes no longer match the SHA-256 written with them")
+    if header["algorithm"] not in ALGORITHMS:
+        raise ConfigError(f"{path} holds the state of algorithm {header['algorithm']!r}, which is not registered "
+                          f"(is its plugin in the config's plugins?)")
+    allowed = [*ENGINE_CLASSES, *ALGORITHMS.get(header["algorithm"]).target.state_classes]
     try:
-        with torch.serialization.safe_globals(STATE_CLASSES):
+        with torch.serialization.safe_globals(allowed):
             payload = torch.load(io.BytesIO(body), weights_only=True, map_location="cpu")
     except Exception as error:  # torch raises many types for a bad body; all mean the same to the user
         raise ConfigError(f"{path} is damaged: its body cannot be read ({type(error).__name__})") from None

@@ -21,6 +21,10 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--quiet", action="store_true", help="no progress bar")
     run_parser.add_argument("--resume", metavar="RUN_DIR",
                             help="continue RUN_DIR from its last checkpoint, with its own config")
+    algorithms_parser = commands.add_parser("algorithms", help="list the registered algorithms, or one's parameters")
+    algorithms_parser.add_argument("name", nargs="?", metavar="NAME", help="an algorithm: its parameters and capabilities")
+    algorithms_parser.add_argument("items", nargs="*", metavar="plugins=[...]",
+                                   help="plugins to load first, as in a config: plugins=[./my_alg.py]")
     bench_parser = commands.add_parser("bench", help="time workloads against a plain PyTorch loop")
     bench_parser.add_argument("items", nargs="*", metavar="[WORKLOAD] [key=value ...]",
                               help="workloads (tiny, lenet, huge_n; default all) and config overrides")
@@ -56,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "bench":
             return _bench(args)
+        if args.command == "algorithms":
+            return _algorithms(args.name, args.items)
         if args.command == "sweep":
             from rayfed.sweep.cli import sweep_command
             return sweep_command(args.items, args.out, args.select, args.group, not args.quiet)
@@ -111,6 +117,15 @@ def _load(items: list[str]):
         raise ConfigError(f"at most one config file, got {', '.join(paths)} "
                           f"(overrides look like key=value)")
     return load_config(paths[0] if paths else None, overrides)
+
+
+def _algorithms(name: str | None, items: list[str]) -> int:
+    from rayfed.algorithms.describe import describe_algorithm, list_algorithms
+    if name is not None and "=" in name:
+        name, items = None, [name, *items]
+    _load(items)        # the plugins the overrides name, and the installed ones, register their algorithms
+    print(describe_algorithm(name) if name else list_algorithms(), end="")
+    return 0
 
 
 def _bench(args) -> int:

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError
 
-from rayfed.algorithms.registry import ALGORITHMS, MAX_COEFFICIENT, MAX_MEMORY_SIZE, allowed_values, \
-    resolve_hyperparameters
+from rayfed.algorithms.params import AlgorithmParams, RunFacts, common_keys
+from rayfed.fields import MAX_COEFFICIENT, MAX_COUNT, MAX_VIRTUAL, Flag, allowed_values, count, number, read_float
+from rayfed.plugins import load_plugins
+from rayfed.registry import ALGORITHMS, did_you_mean
 from rayfed.data.datasets import DATASETS, NORMALIZATIONS, TORCHVISION_DATASETS, missing_files
 from rayfed.data.partition import PARTITIONS, check_fedmos_clients
 from rayfed.errors import ConfigError
@@ -36,12 +38,6 @@ NATURAL_DATASETS = ("synthetic", "shakespeare", "femnist")
 BACKENDS = ("local", "ray")
 ROUND_POLICIES = ("sync", "deadline", "overcommit", "async_buffered")
 STALENESS_WEIGHTS = ("none", "sqrt")
-# Staleness weights scale uploads, which is only meaningful where an upload is a model update.
-STALENESS_WEIGHTED_ALGORITHMS = ("fedavg", "fedavgm", "fedprox", "fedproxm")
-# Their clients upload models and moments, not changes: averaging those of clients that started from
-# older server versions would pull the model back and let v_hat fall (specs/fedlalr.md C4).
-MODEL_UPLOADING_ALGORITHMS = ("fedlalr", "local_amsgrad")
-AGG_WEIGHTINGS = ("uniform", "num_samples")
 WEIGHT_DECAY_MODES = ("coupled", "decoupled")
 INTERVALS = ("fixed", "adaptive")
 INTERVAL_ROUNDINGS = ("floor", "ceil")
@@ -67,8 +63,8 @@ CACS_DEFAULTS = {"cacs_warmup_rounds": 4, "cacs_clusters": None, "cacs_continue_
 
 # Bounds far above any real run, so that a typo fails here instead of exhausting memory or
 # overflowing later: counts of clients, rounds, steps and samples...
-MAX_COUNT = 10**7
 MAX_SEED = 2**63 - 1
+MAX_PLUGINS = 64
 MAX_WIDTH = 10**9               # a hidden layer; the memory check decides whether the model fits
 MAX_LAYERS = 64
 MAX_WORKERS = 4096
@@ -77,8 +73,6 @@ MAX_GPUS = 1024.0
 MAX_RESTARTS = 1000
 MAX_SERVER_RESTARTS = 100
 MAX_FAULTS = 1000
-# ...virtual seconds and bytes per second...
-MAX_VIRTUAL = 1e12
 # ...log-normal spreads: exp(5 sigma) is already a factor of 10^10 between clients...
 MAX_SPREAD = 5.0
 MAX_SYNTHETIC_SPREAD = 1e3
@@ -92,33 +86,6 @@ MAX_PATH_BYTES = 4096
 MAX_CONFIG_FILE_BYTES = 2**20
 # PyYAML composes nested collections by recursion; deeper input would end in a RecursionError.
 MAX_YAML_DEPTH = 32
-
-
-def _read_float(value: Any) -> Any:
-    """Ints are numbers too; YAML 1.1 reads 1e9 (no dot) as a string, and researchers write it so."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        try:
-            return float(value)
-        except OverflowError:
-            return math.inf
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
-
-
-def _number(*, gt=None, ge=None, lt=None, le: float = MAX_VIRTUAL):
-    """A finite float in the bounds given; -0.0 is 0.0 (numpy draws with scale -0.0 fail)."""
-    return Annotated[float, BeforeValidator(_read_float),
-                     Field(strict=True, allow_inf_nan=False, gt=gt, ge=ge, lt=lt, le=le),
-                     AfterValidator(lambda value: value + 0.0)]
-
-
-def _count(*, gt=None, ge=None, le: int = MAX_COUNT):
-    """An int (not a bool, not 2.0) in the bounds given."""
-    return Annotated[int, Field(strict=True, gt=gt, ge=ge, le=le)]
 
 
 def _path_problem(value: str) -> str | None:
@@ -163,10 +130,9 @@ def _gpu_share(value: float) -> float:
     return value
 
 
-_Flag = Annotated[bool, Field(strict=True)]
 _Path = Annotated[str, Field(strict=True), AfterValidator(_valid_path)]
 _Text = Annotated[str, Field(strict=True, max_length=MAX_PATH_BYTES), AfterValidator(_printable)]
-_Gpus = Annotated[_number(ge=0.0, le=MAX_GPUS), AfterValidator(_gpu_share)]
+_Gpus = Annotated[number(ge=0.0, le=MAX_GPUS), AfterValidator(_gpu_share)]
 
 
 class _Section(BaseModel):
@@ -178,21 +144,21 @@ class _Section(BaseModel):
 class DataConfig(_Section):
     dataset: Literal[DATASETS] = "synthetic"
     root: _Path = "./data"
-    download: _Flag = False
-    num_clients: _count(gt=0) = 100
+    download: Flag = False
+    num_clients: count(gt=0) = 100
     # "auto": the dataset's own client split for synthetic and shakespeare, dirichlet otherwise.
     partition: Literal[("auto", *PARTITIONS)] = "auto"
-    alpha: _number(gt=0.0, le=MAX_COEFFICIENT) = 0.1
-    shards_per_client: _count(gt=0) = 2
-    synthetic_alpha: _number(ge=0.0, le=MAX_SYNTHETIC_SPREAD) = 1.0
-    synthetic_beta: _number(ge=0.0, le=MAX_SYNTHETIC_SPREAD) = 1.0
+    alpha: number(gt=0.0, le=MAX_COEFFICIENT) = 0.1
+    shards_per_client: count(gt=0) = 2
+    synthetic_alpha: number(ge=0.0, le=MAX_SYNTHETIC_SPREAD) = 1.0
+    synthetic_beta: number(ge=0.0, le=MAX_SYNTHETIC_SPREAD) = 1.0
     # A client needs a training and a test sample.
-    synthetic_max_samples: _count(ge=2) = 1000
+    synthetic_max_samples: count(ge=2) = 1000
     # Each Shakespeare client's crop of its role's (or, with iid, the pool's) samples: FedDyn's sizes.
-    shakespeare_train_samples: _count(gt=0) = 2000
-    shakespeare_test_samples: _count(gt=0) = 400
+    shakespeare_train_samples: count(gt=0) = 2000
+    shakespeare_test_samples: count(gt=0) = 400
     # Random 4-pixel-padded crops and horizontal flips of training images (rayfed.data.augment).
-    augment: _Flag = False
+    augment: Flag = False
     # How the torchvision image datasets are scaled: by their channel statistics, or to [-1, 1]
     # (Normalize(0.5, 0.5): FedMoS's CIFAR preprocessing, specs/fedmos.md §7.3).
     normalize: Literal[NORMALIZATIONS] = "channel"
@@ -200,142 +166,113 @@ class DataConfig(_Section):
 
 class ModelConfig(_Section):
     name: Literal[MODELS] = "auto"
-    hidden_sizes: Annotated[list[_count(gt=0, le=MAX_WIDTH)], Field(strict=True, max_length=MAX_LAYERS)] = \
+    hidden_sizes: Annotated[list[count(gt=0, le=MAX_WIDTH)], Field(strict=True, max_length=MAX_LAYERS)] = \
         Field(default_factory=lambda: [200, 100])
 
 
-class AlgorithmConfig(_Section):
-    name: Literal[tuple(ALGORITHMS)] = "fedavgm"
-    lr_local: _number(gt=0.0, le=MAX_COEFFICIENT) = 0.02
-    lr_global: _number(gt=0.0, le=MAX_COEFFICIENT) = 1.0
-    # None: not set; the algorithm's default is filled in when the config is resolved, and the
-    # ranges are the registry's (rayfed.algorithms.registry.HYPERPARAMETERS).
-    beta1: Optional[_number(le=None)] = None
-    mu: Optional[_number(le=None)] = None
-    beta2: Optional[_number(le=None)] = None
-    memory_size: Optional[_count(le=MAX_MEMORY_SIZE)] = None
-    anchor_mode: Optional[_Text] = None
-    qp_scope: Optional[_Text] = None
-    qp_margin_local: Optional[_number(le=None)] = None
-    qp_margin_global: Optional[_number(le=None)] = None
-    eps: Optional[_number(le=None)] = None
-    tau: Optional[_number(le=None)] = None
-    eps_mode: Optional[_Text] = None
-    bias_correction: Optional[_Flag] = None
-    restart_momentum: Optional[_Flag] = None
-    vhat_agg: Optional[_Text] = None
-    correction: Optional[_Text] = None
-    trace_v_hat: Optional[_Flag] = None
-    a: Optional[_number(le=None)] = None
-    init_grad: Optional[_Text] = None
-    init_batch: Optional[_count(le=MAX_COUNT)] = None
-    client_estimator: Optional[_Text] = None
-    minibatches: Optional[_Text] = None
-    server_momentum_skip_round0: Optional[_Flag] = None
-    momentum_weights: Optional[_Text] = None
-    alpha: Optional[_number(le=None)] = None
-    own_term: Optional[_Text] = None
-    memory: Optional[_Flag] = None
-    client_replicas: Optional[_Flag] = None
-    agg_weighting: Literal[AGG_WEIGHTINGS] = "uniform"
+# The algorithm section: its common keys, and the chosen algorithm's own (rayfed.algorithms.params).
+AlgorithmConfig = AlgorithmParams
 
 
 class TrainConfig(_Section):
-    rounds: _count(gt=0) = 1000
-    clients_per_round: _count(gt=0) = 10
-    local_steps: _count(gt=0) = 5
+    rounds: count(gt=0) = 1000
+    clients_per_round: count(gt=0) = 10
+    local_steps: count(gt=0) = 5
     # K_i = local_epochs * ceil(n_i / batch_size) steps instead of local_steps (specs/fedlalr.md §2.5).
-    local_epochs: Optional[_count(gt=0)] = None
-    batch_size: _count(gt=0) = 64
+    local_epochs: Optional[count(gt=0)] = None
+    batch_size: count(gt=0) = 64
     # Client learning rate of round t: lr_local * lr_decay^t, for every algorithm (§5.5).
-    lr_decay: _number(gt=0.0, le=1.0) = 1.0
-    weight_decay: _number(ge=0.0, le=MAX_COEFFICIENT) = 0.0
+    lr_decay: number(gt=0.0, le=1.0) = 1.0
+    weight_decay: number(ge=0.0, le=MAX_COEFFICIENT) = 0.0
     weight_decay_mode: Literal[WEIGHT_DECAY_MODES] = "coupled"
-    max_grad_norm: Optional[_number(gt=0.0, le=MAX_COEFFICIENT)] = None
+    max_grad_norm: Optional[number(gt=0.0, le=MAX_COEFFICIENT)] = None
     # adaptive: K_t = interval_k_init + ROUND(log_{interval_k_alpha}(t)), t = 1, 2, ... (§3.3).
     interval: Literal[INTERVALS] = "fixed"
-    interval_k_init: Optional[_count(gt=0)] = None
-    interval_k_alpha: Optional[_number(gt=1.0, le=MAX_COEFFICIENT)] = None
+    interval_k_init: Optional[count(gt=0)] = None
+    interval_k_alpha: Optional[number(gt=1.0, le=MAX_COEFFICIENT)] = None
     interval_rounding: Optional[Literal[INTERVAL_ROUNDINGS]] = None
     interval_unit: Optional[Literal[INTERVAL_UNITS]] = None
-    eval_every: _count(gt=0) = 10
+    eval_every: count(gt=0) = 10
     # Also evaluate the global model on the union of the clients' training samples (FedMoS's training
     # loss f(x^t) = sum_i p_i f_i(x^t), specs/fedmos.md §7.5) at every evaluation.
-    eval_train_loss: _Flag = False
+    eval_train_loss: Flag = False
     # The gradient-similarity diagnostic (specs/fedcom.md §5.4) of clients 0 .. n-1 at every evaluation; 0: off.
-    similarity_clients: _count(ge=0) = 0
+    similarity_clients: count(ge=0) = 0
     round_policy: Literal[ROUND_POLICIES] = "sync"
-    deadline_s: Optional[_number(gt=0.0)] = None
-    overcommit: _number(ge=0.0, le=MAX_OVERCOMMIT) = 0.3
-    concurrency: Optional[_count(gt=0)] = None
-    buffer_size: Optional[_count(gt=0)] = None
+    deadline_s: Optional[number(gt=0.0)] = None
+    overcommit: number(ge=0.0, le=MAX_OVERCOMMIT) = 0.3
+    concurrency: Optional[count(gt=0)] = None
+    buffer_size: Optional[count(gt=0)] = None
     staleness_weight: Literal[STALENESS_WEIGHTS] = "none"
-    checkpoint_every: _count(ge=0) = 0
+    checkpoint_every: count(ge=0) = 0
 
 
 class SystemsConfig(_Section):
     availability: Literal[AVAILABILITIES] = "always"
-    online_probability: _number(gt=0.0, le=1.0) = 0.8
-    online_concentration: _number(gt=0.0, le=MAX_COEFFICIENT) = 10.0
-    mean_online_s: _number(gt=0.0) = 600.0
-    mean_offline_s: _number(gt=0.0) = 600.0
+    online_probability: number(gt=0.0, le=1.0) = 0.8
+    online_concentration: number(gt=0.0, le=MAX_COEFFICIENT) = 10.0
+    mean_online_s: number(gt=0.0) = 600.0
+    mean_offline_s: number(gt=0.0) = 600.0
     trace: Optional[_Path] = None
-    step_time_s: _number(gt=0.0) = 0.05
-    step_time_spread: _number(ge=0.0, le=MAX_SPREAD) = 0.0
-    upload_bps: _number(gt=0.0) = 1.0e6
-    download_bps: _number(gt=0.0) = 1.0e7
-    bandwidth_spread: _number(ge=0.0, le=MAX_SPREAD) = 0.0
+    step_time_s: number(gt=0.0) = 0.05
+    step_time_spread: number(ge=0.0, le=MAX_SPREAD) = 0.0
+    upload_bps: number(gt=0.0) = 1.0e6
+    download_bps: number(gt=0.0) = 1.0e7
+    bandwidth_spread: number(ge=0.0, le=MAX_SPREAD) = 0.0
     speed_trace: Optional[_Path] = None
-    idle_wait_s: _number(gt=0.0) = 60.0
+    idle_wait_s: number(gt=0.0) = 60.0
 
 
 class EngineConfig(_Section):
     backend: Literal[BACKENDS] = "ray"
-    num_workers: _count(gt=0, le=MAX_WORKERS) = 2
-    worker_cpus: _number(gt=0.0, le=MAX_WORKER_CPUS) = 1.0
+    num_workers: count(gt=0, le=MAX_WORKERS) = 2
+    worker_cpus: number(gt=0.0, le=MAX_WORKER_CPUS) = 1.0
     worker_gpus: _Gpus = 0.0
     server_gpus: _Gpus = 0.0
     address: Optional[_Text] = None
-    round_timeout_s: Optional[_number(gt=0.0, le=MAX_ROUND_TIMEOUT_S)] = None
-    connect_timeout_s: _number(gt=0.0, le=MAX_CONNECT_TIMEOUT_S) = 30.0
-    worker_max_restarts: _count(ge=0, le=MAX_RESTARTS) = 3
-    server_max_restarts: _count(ge=0, le=MAX_SERVER_RESTARTS) = 3
+    round_timeout_s: Optional[number(gt=0.0, le=MAX_ROUND_TIMEOUT_S)] = None
+    connect_timeout_s: number(gt=0.0, le=MAX_CONNECT_TIMEOUT_S) = 30.0
+    worker_max_restarts: count(ge=0, le=MAX_RESTARTS) = 3
+    server_max_restarts: count(ge=0, le=MAX_SERVER_RESTARTS) = 3
     fault_injection: Annotated[list[Annotated[str, Field(strict=True)]], Field(strict=True, max_length=MAX_FAULTS)] = \
         Field(default_factory=list)
-    vectorize: _Flag = False
+    vectorize: Flag = False
 
 
 class SelectionConfig(_Section):
     selector: Literal[SELECTORS] = "uniform"
     ucs_variant: Literal[UCS_VARIANTS] = "paper"
     # cacs only (specs/fedmos.md §3.7); None: not set, CACS_DEFAULTS when selector=cacs.
-    cacs_warmup_rounds: Optional[_count(ge=0)] = None
-    cacs_clusters: Optional[_count(gt=0)] = None      # K; default M = train.clients_per_round
-    cacs_continue_from_warmup: Optional[_Flag] = None
+    cacs_warmup_rounds: Optional[count(ge=0)] = None
+    cacs_clusters: Optional[count(gt=0)] = None      # K; default M = train.clients_per_round
+    cacs_continue_from_warmup: Optional[Flag] = None
 
 
 class CompressionConfig(_Section):
     name: Literal[COMPRESSORS] = "identity"
     # Each operator's own keys (None: not set; COMPRESSION_KEYS' defaults for the chosen operator).
-    levels: Optional[_count(gt=0, le=MAX_QSGD_LEVELS)] = None
-    kept: Optional[_count(gt=0)] = None
-    ratio: Optional[_number(gt=0.0, le=1.0)] = None
-    bits: Optional[_count(gt=0, le=MAX_CODE_BITS)] = None
-    zero_point_noise: Optional[_count(ge=0, le=MAX_ZERO_POINT_NOISE)] = None
-    per_tensor: _Flag = False
+    levels: Optional[count(gt=0, le=MAX_QSGD_LEVELS)] = None
+    kept: Optional[count(gt=0)] = None
+    ratio: Optional[number(gt=0.0, le=1.0)] = None
+    bits: Optional[count(gt=0, le=MAX_CODE_BITS)] = None
+    zero_point_noise: Optional[count(ge=0, le=MAX_ZERO_POINT_NOISE)] = None
+    per_tensor: Flag = False
     # FedCOMGATE: compress the server's reply too (specs/fedcom.md §2.5; not Algorithm 2).
-    downlink: _Flag = False
+    downlink: Flag = False
 
 
 class LoggingConfig(_Section):
-    tensorboard: _Flag = False
+    tensorboard: Flag = False
 
 
 class Config(_Section):
-    seed: _count(ge=0, le=MAX_SEED) = 0
+    seed: count(ge=0, le=MAX_SEED) = 0
+    # Modules (importable names, or .py file paths) that register components: rayfed.plugins.
+    plugins: Annotated[list[_Path], Field(strict=True, max_length=MAX_PLUGINS)] = Field(default_factory=list)
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    # The registered algorithm's Params (a subclass), serialised with its own keys.
+    algorithm: SerializeAsAny[AlgorithmConfig] = Field(default_factory=lambda: defaultalgorithm_section())
     train: TrainConfig = Field(default_factory=TrainConfig)
     systems: SystemsConfig = Field(default_factory=SystemsConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
@@ -372,10 +309,15 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
     """The quick-start defaults, then the YAML file at `path`, then `key=value` overrides;
     typed, resolved and validated. Raises ConfigError on any bad input."""
     raw = Config().to_dict()
+    # The algorithm's own keys depend on algorithm.name, which the file or an override may change.
+    raw["algorithm"] = {key: raw["algorithm"][key] for key in common_keys()}
     if path is not None:
         _merge(raw, _read_yaml(path), prefix="")
     for override in overrides:
         _apply_override(raw, override)
+    plugins = raw.get("plugins")
+    if isinstance(plugins, list) and all(isinstance(plugin, str) and not _path_problem(plugin) for plugin in plugins):
+        load_plugins(plugins)       # before validation: they register the names the config may use
     return resolve(_validated(raw))
 
 
@@ -383,6 +325,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
 def resolve(config: Config) -> Config:
     """Validates `config` and fills in the choices left to rayfed ("auto", algorithm defaults).
     Returns a new Config; the one given is not changed."""
+    load_plugins(config.plugins)
     config = _validated(config.to_dict())
     _check_combinations(config)
     if config.data.partition == "auto":
@@ -403,13 +346,11 @@ def resolve(config: Config) -> Config:
         config.engine.num_workers = 1
     if config.model.name == "auto":
         config.model.name = AUTO_MODELS[config.data.dataset]
-    resolve_hyperparameters(config.algorithm)
-    _resolve_client_replicas(config)
-    memory_size = config.algorithm.memory_size
-    if memory_size and memory_size < config.train.clients_per_round:
-        raise ConfigError(f"algorithm.memory_size={memory_size} is below train.clients_per_round="
-                          f"{config.train.clients_per_round}: the memory must hold every sampled client "
-                          f"(use at least that, or 0 for no memory)")
+    config.algorithm.check(RunFacts(
+        num_clients=config.data.num_clients, clients_per_round=config.train.clients_per_round,
+        everyone_every_round=(config.train.clients_per_round == config.data.num_clients
+                              and config.systems.availability == "always" and config.train.round_policy == "sync"),
+        compressor=config.compression.name))
     _check_dataset_files(config)
     model = check_model(config)
     check_availability_walk(config, model)
@@ -418,10 +359,49 @@ def resolve(config: Config) -> Config:
 
 
 def _validated(raw: dict) -> Config:
+    raw = {**raw, "algorithm": algorithm_section(raw.get("algorithm", {}))}
     try:
         return Config.model_validate(raw)
     except ValidationError as error:
         raise ConfigError(_message(error)) from None
+
+
+def defaultalgorithm_section() -> AlgorithmParams:
+    return ALGORITHMS.get("fedavgm").target.Params(name="fedavgm")
+
+
+def algorithm_section(raw: Any) -> AlgorithmParams:
+    """The `algorithm:` section validated by the Params of the algorithm it names. A key set to null
+    is not set (the algorithm's default); a key of another algorithm, or none, is an error."""
+    if isinstance(raw, AlgorithmParams):
+        raw = raw.model_dump()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"algorithm must be a mapping of keys ({', '.join(common_keys())}, ...)")
+    name = raw.get("name", "fedavgm")
+    if not isinstance(name, str) or name not in ALGORITHMS:
+        raise ConfigError(f"algorithm.name={_show(name)} is not one of: {', '.join(ALGORITHMS)}"
+                          f"{did_you_mean(name, ALGORITHMS.names())}")
+    algorithm = ALGORITHMS.get(name).target
+    params = algorithm.Params
+    takes = [key for key in params.model_fields if key != "name" and (algorithm.server_lr or key != "lr_global")]
+    for key in raw:
+        if key in params.model_fields:
+            continue
+        if key in AlgorithmParams.known_keys:
+            raise ConfigError(f"algorithm.{key} is not a parameter of {name} (it takes "
+                              f"{', '.join(f'algorithm.{k}' for k in takes)})")
+        close = did_you_mean(str(key), [k for k in params.model_fields if k.startswith(str(key))] or params.model_fields)
+        raise ConfigError(f"unknown key {_show(f'algorithm.{key}')}{close.replace(chr(39), chr(39) + 'algorithm.', 1)}")
+    try:
+        section = params.model_validate({key: value for key, value in raw.items() if value is not None})
+    except ValidationError as error:
+        raise ConfigError(_message(error, params, "algorithm.")) from None
+    if not algorithm.server_lr and section.lr_global != 1.0:
+        raise ConfigError(f"algorithm.lr_global does not apply to {name}, which has no server learning rate")
+    if not algorithm.weighted and section.agg_weighting != "uniform":
+        raise ConfigError(f"algorithm.agg_weighting={section.agg_weighting} does not apply to {name}, which "
+                          f"averages the latest updates of all clients")
+    return section
 
 
 def _check_combinations(config: Config) -> None:
@@ -473,7 +453,7 @@ def _check_selection(config: Config) -> None:
     if config.algorithm.agg_weighting != "uniform":
         raise ConfigError(f"algorithm.agg_weighting={config.algorithm.agg_weighting} does not apply with "
                           f"selection.selector={selector}, whose weights already follow the clients' sample counts")
-    if selector == "ucs" and config.selection.ucs_variant == "paper" and algorithm in MODEL_UPLOADING_ALGORITHMS:
+    if selector == "ucs" and config.selection.ucs_variant == "paper" and _algorithm_class(config).averages_models:
         raise ConfigError(f"selection.selector=ucs (ucs_variant=paper) does not apply to {algorithm}: its weights "
                           f"sum to 1 only on average, and {algorithm} averages models, not updates")
 
@@ -494,34 +474,25 @@ def _resolve_compression(config: Config) -> None:
             setattr(compression, key, default)
     if compression.per_tensor and compression.name == "identity":
         raise ConfigError("compression.per_tensor only applies with a compression.name other than identity")
-    if compression.name != "identity" and config.algorithm.name == "fedgate":
-        raise ConfigError(f"compression.name={compression.name} does not apply to fedgate, which sends its update "
-                          f"uncompressed: FedGATE with compression is algorithm.name=fedcomgate")
-    if compression.downlink and (config.algorithm.name != "fedcomgate" or compression.name in ("identity", "top_k")):
-        raise ConfigError("compression.downlink compresses FedCOMGATE's reply, the average of the messages: it needs "
-                          "algorithm.name=fedcomgate and a dense compressor (a sum of top-k vectors is not sparse)")
-    if config.algorithm.memory and compression.name != "top_k":
-        raise ConfigError("algorithm.memory (error feedback) goes with compression.name=top_k (specs/fedcom.md §2.4)")
-    if compression.name != "identity" and ALGORITHMS[config.algorithm.name].build.compressed_upload is None:
-        compressing = ", ".join(name for name, entry in ALGORITHMS.items() if entry.build.compressed_upload)
+    compressing = _algorithms_that(lambda algorithm: algorithm.compressed_upload and algorithm.takes_compression)
+    if compression.downlink and (config.algorithm.name not in compressing or not _algorithm_class(config).replies
+                                 or compression.name in ("identity", "top_k")):
+        replying = ", ".join(name for name in compressing if ALGORITHMS.get(name).target.replies)
+        raise ConfigError(f"compression.downlink compresses FedCOMGATE's reply, the average of the messages: it "
+                          f"needs an algorithm whose server replies to compressed uploads (algorithm.name={replying}) "
+                          f"and a dense compressor (a sum of top-k vectors is not sparse)")
+    if compression.name != "identity" and config.algorithm.name not in compressing:
         raise ConfigError(f"compression.name={compression.name} does not apply to {config.algorithm.name}, whose "
-                          f"uploads are not one model update (compression applies to: {compressing})")
+                          f"uploads are not one model update (compression applies to: {', '.join(compressing)})")
 
 
-def _resolve_client_replicas(config: Config) -> None:
-    """FedGATE's Option I (clients keep the model) where every client takes part every round, as the
-    paper runs it; Option II otherwise. Option I asked for under partial participation is refused."""
-    algorithm, train = config.algorithm, config.train
-    if algorithm.name not in ("fedgate", "fedcomgate"):
-        return
-    everyone = (train.clients_per_round == config.data.num_clients and config.systems.availability == "always"
-                and train.round_policy == "sync")
-    if algorithm.client_replicas is None:
-        algorithm.client_replicas = everyone
-    elif algorithm.client_replicas and not everyone:
-        raise ConfigError("algorithm.client_replicas=true (Option I) needs every client in every round: "
-                          "train.clients_per_round = data.num_clients, systems.availability=always and "
-                          "train.round_policy=sync; a client that missed a round would hold a stale model")
+def _algorithm_class(config: Config) -> type:
+    return ALGORITHMS.get(config.algorithm.name).target
+
+
+def _algorithms_that(has) -> list[str]:
+    """The registered algorithms whose class has a capability (`has(cls)` is true)."""
+    return [entry.name for entry in ALGORITHMS.entries() if has(entry.target)]
 
 
 def _resolve_interval(train: TrainConfig) -> None:
@@ -555,16 +526,17 @@ def _resolve_async(config: Config) -> None:
         raise ConfigError(f"train.round_policy=async_buffered needs 1 <= train.buffer_size ({train.buffer_size}) "
                           f"<= train.concurrency ({train.concurrency}) <= data.num_clients "
                           f"({config.data.num_clients})")
-    if config.algorithm.name in MODEL_UPLOADING_ALGORITHMS:
+    algorithm = _algorithm_class(config)
+    if algorithm.averages_models:
         raise ConfigError(f"train.round_policy=async_buffered does not apply to {config.algorithm.name}, whose "
                           f"clients upload models and moments: stale ones would pull the server's back")
-    if config.algorithm.name in ("fedgate", "fedcomgate"):
+    if not algorithm.runs_async:
         raise ConfigError(f"train.round_policy=async_buffered does not apply to {config.algorithm.name}: its clients "
-                          f"track with the average of the round they trained in, which a buffered server never forms")
-    if train.staleness_weight != "none" and config.algorithm.name not in STALENESS_WEIGHTED_ALGORITHMS:
+                          f"need the server's step of the round they trained in, which a buffered server never forms")
+    if train.staleness_weight != "none" and not algorithm.staleness_weighted:
         raise ConfigError(f"train.staleness_weight={train.staleness_weight} scales model updates; "
                           f"{config.algorithm.name} uploads something else (use it with "
-                          f"{', '.join(STALENESS_WEIGHTED_ALGORITHMS)})")
+                          f"{', '.join(_algorithms_that(lambda cls: cls.staleness_weighted))})")
 
 
 def _check_dataset_files(config: Config) -> None:
@@ -588,12 +560,13 @@ _TYPE_WORDS = {"int_type": "an integer", "float_type": "a number", "bool_type": 
 _BOUND_ERRORS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
 
 
-def _message(error: ValidationError) -> str:
-    """The first problem pydantic found, as one line naming the dotted key and what it admits."""
+def _message(error: ValidationError, root: type[BaseModel] | None = None, prefix: str = "") -> str:
+    """The first problem pydantic found, as one line naming the dotted key and what it admits;
+    `root` is the model validated (default the whole Config), whose keys sit under `prefix`."""
     first = error.errors(include_url=False)[0]
     kind, value, context = first["type"], first["input"], first.get("ctx", {})
-    key = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"])[1:]
-    declared = _declared(first["loc"])
+    key = prefix + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"])[1:]
+    declared = _declared(first["loc"], root or Config)
     if kind == "extra_forbidden":
         return f"unknown key {_show(key)}{_did_you_mean_key(key)}"
     if kind in _TYPE_WORDS:
@@ -605,11 +578,14 @@ def _message(error: ValidationError) -> str:
         return f"{key} must be a mapping of keys ({', '.join(declared.model_fields)})"
     if kind == "literal_error":
         choices = typing.get_args(declared)
-        return f"{key}={_show(value)} is not one of: {', '.join(choices)}{_did_you_mean(value, choices)}"
+        if root is not None and first["loc"][0] not in common_keys():
+            # An algorithm's own choice, worded as its ranges are.
+            return f"{key}={_show(value)} must be {allowed_values(declared)}"
+        return f"{key}={_show(value)} is not one of: {', '.join(choices)}{did_you_mean(value, choices)}"
     if kind == "finite_number" or kind in _BOUND_ERRORS:
         # Shown as the float it was read as (0 as 0.0, '1e3' as 1000.0), or as given when too large
         # for one. pydantic checks the bounds before finiteness, so a NaN fails "> 0" first.
-        number = _read_float(value) if typing.get_args(declared)[0] is float else value
+        number = read_float(value) if typing.get_args(declared)[0] is float else value
         if isinstance(value, int) and number == math.inf:
             number = value
         if isinstance(number, float) and not math.isfinite(number):
@@ -622,14 +598,18 @@ def _message(error: ValidationError) -> str:
     return f"{key}={_show(value)} is not allowed ({first['msg']})"
 
 
-def _declared(loc: tuple) -> Any:
-    """The declared type at `loc`, without Optional: what its error message describes."""
-    declared = Config
+def _declared(loc: tuple, root: type[BaseModel]) -> Any:
+    """The declared type at `loc`, without Optional, with the constraints of its Field(...): what its
+    error message describes."""
+    declared = root
     for part in loc:
         if isinstance(part, int):
             declared = typing.get_args(_list_type(declared))[0]
         elif isinstance(declared, type) and issubclass(declared, BaseModel) and part in declared.model_fields:
+            field = declared.model_fields[part]
             declared = _non_optional(typing.get_type_hints(declared, include_extras=True)[part])
+            if field.metadata and typing.get_origin(declared) is not Literal:
+                declared = Annotated[(declared, *field.metadata)]
     return declared
 
 
@@ -662,13 +642,6 @@ def _name(path) -> str:
     """A file name as given, or its short repr when it is long or holds control characters."""
     text = str(path)
     return text if 0 < len(text) <= 120 and text.isprintable() else _show(text)
-
-
-def _did_you_mean(word: Any, candidates) -> str:
-    if not isinstance(word, str) or len(word) > 100:
-        return ""
-    close = difflib.get_close_matches(word, list(candidates), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def all_keys() -> list[str]:
@@ -776,9 +749,9 @@ def _apply_override(raw: dict, text: str) -> None:
         if not isinstance(node, dict):
             raise ConfigError(f"unknown key {_show(dotted)}{_did_you_mean_key(dotted)}")
     leaf = parts[-1]
-    if leaf not in node:
+    if leaf not in node and not (node is raw.get("algorithm") and len(parts) == 2):
         raise ConfigError(f"unknown key {_show(dotted)}{_did_you_mean_key(dotted)}")
-    if isinstance(node[leaf], dict):
+    if isinstance(node.get(leaf), dict):
         raise ConfigError(f"{dotted} is a section; set one of its keys, e.g. {dotted}.{next(iter(node[leaf]))}=...")
     node[leaf] = _parse_yaml(value, f"the value of {dotted}", positions=False) if value.strip() else None
 
@@ -786,9 +759,9 @@ def _apply_override(raw: dict, text: str) -> None:
 def _merge(target: dict, source: dict, prefix: str) -> None:
     for key, value in source.items():
         dotted = f"{prefix}{key}"
-        if key not in target:
+        if key not in target and prefix != "algorithm.":
             raise ConfigError(f"unknown key {_show(dotted)}{_did_you_mean_key(dotted)}")
-        if isinstance(target[key], dict):
+        if isinstance(target.get(key), dict):
             if not isinstance(value, dict):
                 raise ConfigError(f"{dotted} must be a mapping of keys ({', '.join(target[key])})")
             _merge(target[key], value, prefix=f"{dotted}.")

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 
 from rayfed.algorithms.local_training import LocalSchedule
-from rayfed.algorithms.registry import build_algorithm
+from rayfed.algorithms.base import build_algorithm
 from rayfed.data.datasets import (DIGITS_CLASSES, DIGITS_IMAGE_SHAPE, DIGITS_SAMPLES, RANDOM_CLASSES,
                                   RANDOM_IMAGE_SHAPE, RANDOM_TEST_SIZE, RANDOM_TRAIN_SIZE, SYNTHETIC_CLASSES,
                                   SYNTHETIC_DIMENSION)
@@ -143,24 +143,21 @@ def estimate_memory(config, model: torch.nn.Module) -> dict[str, int]:
         return {"data": data_bytes}
     params = [parameter.numel() for parameter in model.parameters()]
     vector_bytes = sum(params) * FLOAT32_BYTES
-    algorithm = config.algorithm
+    # What the algorithm declares it holds (Algorithm.upload_size, memory_bytes), built without a model.
+    algorithm = build_algorithm(config.algorithm)
     parts = {
         # The driver's copy, and on ray the object store's, which the workers read without copying.
         "data": data_bytes * (2 if engine.backend == "ray" else 1),
         "models": (engine.num_workers + 1) * MODEL_COPIES_PER_PROCESS * vector_bytes,
-        # FedLALR's clients upload three vectors, LaFedOPT's two.
-        "uploads": config.train.clients_per_round * FLOAT32_BYTES * build_algorithm(algorithm, []).upload_size(sum(params)),
-        "client states": _client_state_rows(config) * vector_bytes,
+        "uploads": config.train.clients_per_round * FLOAT32_BYTES * algorithm.upload_size(sum(params)),
+        "client states": 0,
+        **algorithm.memory_bytes(sum(params), data.num_clients, len(params)),
     }
     if config.selection.selector == "cacs":
         # Every client's full gradient on the server (float32 as sent, float64 to cluster), and the
         # N x N distances with their condensed copy.
         parts["cacs gradients"] = (data.num_clients * (vector_bytes + sum(params) * FLOAT64_BYTES)
                                    + 2 * data.num_clients ** 2 * FLOAT64_BYTES)
-    memory_rows = min(algorithm.memory_size or 0, data.num_clients)
-    if memory_rows:
-        grams = len(params) if algorithm.qp_scope == "tensor" else 1
-        parts["server memory"] = memory_rows * vector_bytes + grams * memory_rows ** 2 * FLOAT64_BYTES
     return parts
 
 
@@ -172,16 +169,6 @@ def _num_samples(data, shape: DatasetShape) -> int:
     if data.dataset == "femnist":
         return data.num_clients * FEMNIST_SAMPLES_PER_WRITER
     return data.num_clients * data.synthetic_max_samples
-
-
-def _client_state_rows(config) -> int:
-    """How many d-vectors the clients keep between rounds, at most."""
-    algorithm = config.algorithm
-    if algorithm.name in ("mifa", "mifam"):
-        return config.data.num_clients          # every client's latest update
-    if algorithm.name in ("gradma_w", "gradma") and algorithm.anchor_mode == "last_local":
-        return config.data.num_clients          # every client's last local model
-    return 0
 
 
 def physical_memory_bytes() -> int:

@@ -58,14 +58,13 @@ def client(client_id, steps=3):
 
 def make(name, param_blocks=((0, 2), (2, DIM)), **hyper):
     """The registered algorithm `name` with lr_local 0.1, lr_global 0.7 unless given, defaults otherwise."""
-    from rayfed.algorithms.registry import build_algorithm, resolve_hyperparameters
-    from rayfed.config import AlgorithmConfig
-    from rayfed.algorithms.registry import ALGORITHMS
-    default_global = 0.7 if ALGORITHMS[name].server_lr else 1.0
-    config = AlgorithmConfig(name=name, lr_local=hyper.pop("lr_local", 0.1),
-                             lr_global=hyper.pop("lr_global", default_global), **hyper)
-    resolve_hyperparameters(config)
-    return build_algorithm(config, param_blocks=list(param_blocks))
+    from rayfed.algorithms.base import AlgorithmContext, build_algorithm
+    from rayfed.config import algorithm_section
+    from rayfed.registry import ALGORITHMS
+    default_global = 0.7 if ALGORITHMS.get(name).target.server_lr else 1.0
+    config = algorithm_section({"name": name, "lr_local": hyper.pop("lr_local", 0.1),
+                                 "lr_global": hyper.pop("lr_global", default_global), **hyper})
+    return build_algorithm(config, AlgorithmContext(param_blocks=tuple(param_blocks)))
 
 
 class Run:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import rayfed
-from rayfed.algorithms.registry import ALGORITHMS
+from rayfed.registry import ALGORITHMS
 from rayfed.checkpoint import MAGIC, read_checkpoint
 from rayfed.cli import main
 from rayfed.metrics import MetricsLog
@@ -74,7 +74,7 @@ def test_resume_on_the_ray_engine_restores_client_states_to_their_workers(tmp_pa
     assert resumed.summary["client_state_bytes"] == whole.summary["client_state_bytes"] > 0
 
 
-@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+@pytest.mark.parametrize("name", sorted(ALGORITHMS.names()))
 def test_every_algorithms_state_is_written_and_read_back_safely(tmp_path, name):
     """Checkpoint bodies are read with weights_only=True: every state class must be allowed, and
     loading a checkpoint gives back what was saved."""

@@ -91,7 +91,7 @@ def _keys_of_type(kind):
     """Every key whose declared type is `kind` (Optional or not)."""
     keys = []
     for section, model in typing.get_type_hints(Config).items():
-        if section == "seed":
+        if section in ("seed", "plugins"):
             continue
         for leaf, declared in typing.get_type_hints(model).items():
             if declared is kind or (typing.get_origin(declared) is typing.Union and kind in typing.get_args(declared)):

@@ -15,8 +15,8 @@ import torch
 
 from rayfed.algorithms.base import RoundInfo, Upload
 from rayfed.algorithms.memory import GradientMemory
-from rayfed.config import AlgorithmConfig
-from rayfed.algorithms.registry import build_algorithm, resolve_hyperparameters
+from rayfed.algorithms.base import AlgorithmContext, build_algorithm
+from rayfed.config import algorithm_section
 from rayfed.engine.worker import ClientTask
 from rayfed.models import FlatModel, build_model
 
@@ -35,9 +35,8 @@ class NaiveGramMemory(GradientMemory):
 
 
 def make_algorithm(name, blocks=None, **hyper):
-    config = AlgorithmConfig(name=name, lr_local=0.01, lr_global=1.0, **hyper)
-    resolve_hyperparameters(config)
-    return build_algorithm(config, blocks or [])
+    params = algorithm_section({"name": name, "lr_local": 0.01, "lr_global": 1.0, **hyper})
+    return build_algorithm(params, AlgorithmContext(param_blocks=tuple(blocks or ())))
 
 
 def median_seconds(action, repeats):

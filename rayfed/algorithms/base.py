@@ -12,7 +12,12 @@ from typing import Any, Callable, Protocol
 import torch
 from torch import Tensor
 
+from rayfed.algorithms.params import AlgorithmParams
+from rayfed.errors import ConfigError
+from rayfed.registry import ALGORITHMS
+
 Batch = tuple[Tensor, Tensor]
+FLOAT32_BYTES = 4
 
 
 class ClientTask(Protocol):
@@ -82,8 +87,46 @@ class RoundInfo:
     downlink: Callable[[Tensor], Tensor] | None = None
 
 
+@dataclass(frozen=True)
+class AlgorithmContext:
+    """What an algorithm is built with besides its parameters: the model's parameter tensors as
+    (start, end) blocks of the flat vector, and the local work of a round (train.local_steps or
+    local_epochs: I) with the client learning rate's decay (train.lr_decay), which some server
+    steps scale by (FedMoS's eta_t I, FedGATE's eta_t)."""
+
+    param_blocks: tuple[tuple[int, int], ...] = ()
+    local_steps: int = 1
+    lr_decay: float = 1.0
+
+    @classmethod
+    def of_run(cls, param_blocks, train) -> "AlgorithmContext":
+        return cls(tuple(map(tuple, param_blocks)), train.local_epochs or train.local_steps, train.lr_decay)
+
+
 class Algorithm:
-    """Base class. Subclasses hold only hyper-parameters; all state is passed in and returned."""
+    """Base class. Subclasses hold only hyper-parameters; all state is passed in and returned.
+
+    A registered algorithm declares itself here: `Params` (its config keys), `state_classes` (the
+    classes of its server and client states: what a checkpoint may hold) and the capabilities below,
+    from which config validation, the memory check and the traffic figures are derived."""
+
+    # The algorithm's config keys: the section's common keys and its own.
+    Params: type[AlgorithmParams] = AlgorithmParams
+    # Every class its server and client states are made of (tensors and plain containers aside).
+    state_classes: tuple[type, ...] = ()
+    # Whether algorithm.lr_global and algorithm.agg_weighting apply.
+    server_lr = True
+    weighted = True
+    # Whether it runs under train.round_policy=async_buffered, where uploads come from older models.
+    runs_async = True
+    # Whether train.staleness_weight may scale its uploads: only meaningful where an upload is a model change.
+    staleness_weighted = False
+    # Whether its server averages the clients' models (not model changes): such an average needs
+    # weights that sum to 1 in every round.
+    averages_models = False
+    # Whether compression.* may encode its `compressed_upload` (an algorithm may name the upload that
+    # its reply logic reads without taking compression, as FedGATE does).
+    takes_compression = True
 
     # Whether clients carry state from round to round (client_init/client_train): such clients
     # must always train on the worker that holds it; stateless ones can train anywhere.
@@ -101,6 +144,11 @@ class Algorithm:
     # themselves, FedGATE's Option I); rayfed's engines move it either way.
     sends_model = True
 
+    @classmethod
+    def from_params(cls, params: AlgorithmParams, context: AlgorithmContext) -> "Algorithm":
+        """The algorithm for the config's `algorithm:` section (an instance of `Params`)."""
+        return cls(params, context)
+
     def server_init(self, params: Tensor, num_clients: int) -> Any:
         raise NotImplementedError
 
@@ -113,6 +161,15 @@ class Algorithm:
     def upload_size(self, num_params: int) -> int:
         """Floats one client uploads, for the virtual clock's first round, before any upload arrived."""
         return num_params
+
+    def download_size(self, num_params: int) -> int:
+        """Floats the server broadcasts to each sampled client."""
+        return num_params
+
+    def memory_bytes(self, num_params: int, num_clients: int, num_blocks: int) -> dict[str, int]:
+        """The memory its state needs at most, by part: "client states" (all N clients' together)
+        and "server memory" (beyond the model vectors every algorithm has); checked before a run."""
+        return {}
 
     def client_init(self, client_id: int) -> Any:
         """Persistent per-client state before a client's first round; None when there is none."""
@@ -148,6 +205,56 @@ class Algorithm:
         if state is None:
             return 0
         return sum(value.numel() * value.element_size() for value in vars(state).values() if isinstance(value, Tensor))
+
+
+def register_algorithm(name: str):
+    """Registers an Algorithm subclass under `name` (rayfed.register_algorithm): the config's
+    algorithm.name then builds it with `from_params(params, context)`."""
+    def decorate(target):
+        if not (isinstance(target, type) and issubclass(target, Algorithm)):
+            raise ConfigError(f"register_algorithm({name!r}) takes a subclass of rayfed.Algorithm, "
+                              f"not {target!r}")
+        if not (isinstance(target.Params, type) and issubclass(target.Params, AlgorithmParams)):
+            raise ConfigError(f"algorithm {name!r}: {target.__name__}.Params must subclass rayfed.AlgorithmParams")
+        return ALGORITHMS.register(name)(target)
+    return decorate
+
+
+def from_keywords(cls: type, params: AlgorithmParams, **arguments) -> Algorithm:
+    """The built-ins' constructors take (lr_local, lr_global, **keys): the section's own keys (and
+    agg_weighting where it applies) as keywords, with `arguments` (values pinned by the name, or
+    taken from the context) besides."""
+    keys = params.model_dump(exclude={"name", "lr_local", "lr_global", *(() if cls.weighted else ("agg_weighting",))})
+    return cls(params.lr_local, params.lr_global, **keys, **arguments)
+
+
+def build_algorithm(params: AlgorithmParams, context: AlgorithmContext = AlgorithmContext()) -> Algorithm:
+    """The algorithm that the `algorithm:` section `params` names."""
+    return ALGORITHMS.get(params.name).target.from_params(params, context)
+
+
+def undeclared_state_class(algorithm: Algorithm, state: Any) -> type | None:
+    """The first class inside `state` (dataclass fields and containers, recursively) that the
+    algorithm does not list in `state_classes`, or None."""
+    if state is None or isinstance(state, (Tensor, int, float, bool, str)):
+        return None
+    if isinstance(state, (list, tuple, set, frozenset)):
+        items = state
+    elif isinstance(state, dict):
+        items = state.values()
+    else:
+        if type(state) not in algorithm.state_classes:
+            return type(state)
+        items = vars(state).values()
+    return next((found for item in items if (found := undeclared_state_class(algorithm, item)) is not None), None)
+
+
+def check_state_declared(algorithm: Algorithm, name: str, state: Any, role: str) -> None:
+    found = undeclared_state_class(algorithm, state)
+    if found is not None:
+        declared = ", ".join(cls.__name__ for cls in algorithm.state_classes) or "none"
+        raise ConfigError(f"algorithm {name!r} returned a {role} state of class {found.__name__}, which its "
+                          f"state_classes do not list ({declared}); add it there, so checkpoints can hold it")
 
 
 def weighted_average(uploads: dict[int, Upload], name: str, weighting: str,

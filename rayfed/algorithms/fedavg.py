@@ -1,15 +1,37 @@
-"""FedAvg, FedAvgM, FedProx, FedProxM (specs/gradma.md §3.1-3.4, Alg. 5).
+"""FedAvg, FedAvgM, FedProx, FedProxM, and FedCOM/FedPAQ's uncompressed server rule.
 
-One class covers all four: FedAvgM with server momentum beta1 and the FedProx proximal
-term mu. FedAvg is beta1 = 0, mu = 0; FedProx is beta1 = 0; FedAvgM is mu = 0.
+One class covers them all: FedAvgM with server momentum beta1 and the FedProx proximal term mu.
+FedAvg (McMahan et al., AISTATS 2017, arXiv:1602.05629) is beta1 = 0, mu = 0; FedProx (Li et al.,
+MLSys 2020, arXiv:1812.06127) is beta1 = 0; FedAvgM (Hsu et al., 2019, arXiv:1909.06335) is mu = 0.
+FedCOM (Haddadpour et al., AISTATS 2021, arXiv:2007.01154, Algorithm 1) is FedAvg with a server step
+gamma (lr_global) and a compressed upload; FedPAQ (Reisizadeh et al., AISTATS 2020,
+arXiv:1909.13014) is FedCOM with gamma = 1, as the FedPAQ paper runs it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
+from pydantic import Field
 from torch import Tensor
 
-from rayfed.algorithms.base import Algorithm, ClientTask, RoundInfo, Upload, local_sgd, weighted_average
+from rayfed.algorithms.base import (Algorithm, AlgorithmContext, ClientTask, RoundInfo, Upload, from_keywords,
+                                    local_sgd, register_algorithm, weighted_average)
+from rayfed.algorithms.params import AlgorithmParams
+from rayfed.fields import Coefficient, Decay
+
+
+class ServerMomentum(AlgorithmParams):
+    beta1: Decay = Field(0.9, description="server heavy-ball momentum: m <- beta1 m + d, x <- x - lr_global m")
+
+
+class Proximal(AlgorithmParams):
+    mu: Coefficient = Field(0.01, description="FedProx's proximal coefficient: clients minimise "
+                                              "F_i(w) + mu/2 ||w - x_t||^2")
+
+
+class ProximalMomentum(ServerMomentum, Proximal):
+    pass
 
 
 @dataclass
@@ -19,6 +41,12 @@ class FedAvgMState:
 
 
 class FedAvgM(Algorithm):
+    """FedAvgM (Hsu et al., 2019, arXiv:1909.06335): FedAvg with server heavy-ball momentum."""
+
+    Params = ServerMomentum
+    state_classes = (FedAvgMState,)
+    staleness_weighted = True
+    fixed: ClassVar[dict[str, Any]] = {"mu": 0.0}
     keeps_client_state = False
     vectorizable = True
     compressed_upload = "update"
@@ -30,6 +58,10 @@ class FedAvgM(Algorithm):
         self.beta1 = beta1
         self.mu = mu
         self.agg_weighting = agg_weighting
+
+    @classmethod
+    def from_params(cls, params: AlgorithmParams, context: AlgorithmContext) -> "FedAvgM":
+        return from_keywords(cls, params, **cls.fixed)
 
     def server_init(self, params: Tensor, num_clients: int) -> FedAvgMState:
         return FedAvgMState(params=params.clone(), momentum=params.new_zeros(params.shape))
@@ -53,3 +85,42 @@ class FedAvgM(Algorithm):
         momentum = state.momentum.mul(self.beta1).add_(update)               # m_{t+1} = beta1 m_t + d_{t+1}
         params = state.params.sub(momentum, alpha=self.lr_global)           # x_{t+1} = x_t - eta_g m_{t+1}
         return FedAvgMState(params=params, momentum=momentum), {}
+
+
+register_algorithm("fedavgm")(FedAvgM)
+
+
+@register_algorithm("fedavg")
+class FedAvg(FedAvgM):
+    """FedAvg (McMahan et al., AISTATS 2017, arXiv:1602.05629): the average of the clients' local SGD."""
+
+    Params = AlgorithmParams
+    fixed = {"beta1": 0.0, "mu": 0.0}
+
+
+@register_algorithm("fedprox")
+class FedProx(FedAvgM):
+    """FedProx (Li et al., MLSys 2020, arXiv:1812.06127): local SGD on the proximal objective."""
+
+    Params = Proximal
+    fixed = {"beta1": 0.0}
+
+
+@register_algorithm("fedproxm")
+class FedProxM(FedAvgM):
+    """FedProxM: FedProx with FedAvgM's server momentum (GradMA's baseline, arXiv:2302.14307)."""
+
+    Params = ProximalMomentum
+    fixed = {}
+
+
+@register_algorithm("fedcom")
+class FedCOM(FedAvg):
+    """FedCOM (Haddadpour et al., AISTATS 2021, arXiv:2007.01154, Alg. 1): FedAvg with a compressed upload."""
+
+    staleness_weighted = False
+
+
+@register_algorithm("fedpaq")
+class FedPAQ(FedCOM):
+    """FedPAQ (Reisizadeh et al., AISTATS 2020, arXiv:1909.13014): FedCOM as its paper runs it (lr_global = 1)."""

@@ -13,13 +13,47 @@ and remembers nu_j += Delta_j - Delta_bar. Clients not sampled keep their state 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Optional
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
-from rayfed.algorithms.base import Algorithm, ClientTask, RoundInfo, Upload, local_descent, weighted_average
+from rayfed.algorithms.base import (FLOAT32_BYTES, Algorithm, AlgorithmContext, ClientTask, RoundInfo, Upload,
+                                    from_keywords, local_descent, register_algorithm, weighted_average)
+from rayfed.algorithms.params import AlgorithmParams, RunFacts
+from rayfed.errors import ConfigError
+from rayfed.fields import Flag, number
 
 OWN_TERMS = ("compressed", "uncompressed")
+
+
+class FedGATEParams(AlgorithmParams):
+    alpha: number(gt=0.0, le=1.0) = Field(1.0, description="the tracking step: delta_j += (alpha / tau)(M_j - Delta_bar)")
+    client_replicas: Optional[Flag] = Field(
+        None, description="Option I, clients keep the model and only Delta_bar goes down (default: exactly when "
+                          "every client takes part in every round)")
+
+    def check(self, run: RunFacts) -> None:
+        """Option I where every client takes part every round, as the paper runs it; Option II otherwise.
+        Option I asked for under partial participation is refused."""
+        if self.client_replicas is None:
+            self.client_replicas = run.everyone_every_round
+        elif self.client_replicas and not run.everyone_every_round:
+            raise ConfigError("algorithm.client_replicas=true (Option I) needs every client in every round: "
+                              "train.clients_per_round = data.num_clients, systems.availability=always and "
+                              "train.round_policy=sync; a client that missed a round would hold a stale model")
+
+
+class FedCOMGATEParams(FedGATEParams):
+    own_term: Literal[OWN_TERMS] = Field(
+        "compressed", description="a client's own term in its tracking update: its message as sent, or uncompressed")
+    memory: Flag = Field(False, description="error feedback nu_j, with compression.name=top_k")
+
+    def check(self, run: RunFacts) -> None:
+        if self.memory and run.compressor != "top_k":
+            raise ConfigError("algorithm.memory (error feedback) goes with compression.name=top_k")
+        super().check(run)
 
 
 @dataclass
@@ -36,10 +70,28 @@ class FedGATEClientState:
     steps: int                      # this round's tau
 
 
+@register_algorithm("fedcomgate")
 class FedGATE(Algorithm):
+    """FedCOMGATE (Haddadpour et al., AISTATS 2021, arXiv:2007.01154, Alg. 3): gradient tracking with a
+    compressed upload."""
+
+    Params = FedCOMGATEParams
+    state_classes = (FedGATEServerState, FedGATEClientState)
+    weighted = False
+    # Its clients track with the average of the round they trained in, which a buffered server never forms.
+    runs_async = False
+    fixed: ClassVar[dict[str, Any]] = {}
     keeps_client_state = True
     compressed_upload = "update"
     replies = True
+
+    @classmethod
+    def from_params(cls, params: AlgorithmParams, context: AlgorithmContext) -> "FedGATE":
+        return from_keywords(cls, params, lr_decay=context.lr_decay, **cls.fixed)
+
+    def memory_bytes(self, num_params: int, num_clients: int, num_blocks: int) -> dict[str, int]:
+        # delta_j, with error feedback nu_j too, for every client.
+        return {"client states": num_clients * (1 + self.memory) * num_params * FLOAT32_BYTES}
 
     def __init__(self, lr_local: float, lr_global: float, *, alpha: float = 1.0, own_term: str = "compressed",
                  memory: bool = False, client_replicas: bool = False, lr_decay: float = 1.0):
@@ -109,3 +161,13 @@ class FedGATE(Algorithm):
         sums = [summary["sum"] for summary in summaries if summary["sum"] is not None]
         return {"tracking_sum_norm": float(torch.stack(sums).sum(0).norm()) if sums else 0.0,
                 "tracking_max_norm": max(summary["max_norm"] for summary in summaries)}
+
+
+@register_algorithm("fedgate")
+class FedGATEUncompressed(FedGATE):
+    """FedGATE (Haddadpour et al., AISTATS 2021, arXiv:2007.01154, Alg. 2): gradient tracking, uncompressed."""
+
+    Params = FedGATEParams
+    # It sends its update uncompressed: FedGATE with compression is fedcomgate.
+    takes_compression = False
+    fixed = {"own_term": "compressed", "memory": False}

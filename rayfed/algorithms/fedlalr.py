@@ -10,12 +10,45 @@ synchronises only x: clients restart m at 0 and v, v_hat at eps^2.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
-from rayfed.algorithms.base import Algorithm, ClientTask, RoundInfo, Upload, local_descent, weighted_average
+from rayfed.algorithms.base import (Algorithm, AlgorithmContext, ClientTask, RoundInfo, Upload, from_keywords,
+                                    local_descent, register_algorithm, weighted_average)
 from rayfed.algorithms.local_adaptive import AMSGradDirection
+from rayfed.algorithms.params import AlgorithmParams, RunFacts
+from rayfed.errors import ConfigError
+from rayfed.fields import Decay, Flag, Positive
+
+# The smallest normal float32: v_hat starts at eps^2 and must stay a normal number.
+MIN_NORMAL_FLOAT32 = 1.1754943508222875e-38
+
+
+class LocalAMSGradParams(AlgorithmParams):
+    """The CIFAR-10 values of FedLALR's paper (Sun et al., "FedLALR: Client-Specific Adaptive Learning
+    Rates Achieve Linear Speedup for Non-IID Data", 2023)."""
+
+    beta1: Decay = Field(0.9, description="local AMSGrad's first-moment decay")
+    beta2: Decay = Field(0.995, description="local AMSGrad's second-moment decay")
+    eps: Positive = Field(1e-8, description="v_hat starts at eps^2 (eps_mode=init), or eps joins the denominator (add)")
+    eps_mode: Literal["init", "add"] = Field("init", description="where eps enters: v_hat's start, or the denominator")
+    bias_correction: Flag = Field(False, description="Adam's bias correction of m and v_hat")
+
+    def check(self, run: RunFacts) -> None:
+        if self.eps_mode == "init" and self.eps ** 2 < MIN_NORMAL_FLOAT32:
+            raise ConfigError(f"algorithm.eps={self.eps:g} is too small for eps_mode=init: v_hat starts at "
+                              f"eps^2, which float32 cannot hold below {MIN_NORMAL_FLOAT32:.3g} (use eps >= 1.1e-19)")
+
+
+class FedLALRParams(LocalAMSGradParams):
+    restart_momentum: Flag = Field(False, description="clients restart m at 0 and only x, v_hat are synchronised "
+                                                      "(Algorithm 2)")
+    vhat_agg: Literal["mean", "max"] = Field("mean", description="how the server combines the clients' v_hat "
+                                                                 "(max: Algorithm 3)")
+    trace_v_hat: Flag = Field(False, description="log each participant's ||v_hat||^2 after every local step")
 
 
 @dataclass
@@ -25,7 +58,18 @@ class FedLALRState:
     v_hat: Tensor | None        # v_hat_{t-1}, eps^2 before round 0 (C1); None for naive local AMSGrad
 
 
+@register_algorithm("fedlalr")
 class FedLALR(Algorithm):
+    """FedLALR (Sun et al., 2023, Algorithm 1): local AMSGrad whose x, m and v_hat the server averages."""
+
+    Params = FedLALRParams
+    state_classes = (FedLALRState,)
+    server_lr = False
+    # Clients upload models and moments, not changes: averaging those of clients that started from
+    # older server versions would pull the model back and let v_hat fall.
+    averages_models = True
+    runs_async = False
+    fixed: ClassVar[dict[str, Any]] = {}
     keeps_client_state = False
     vectorizable = True
 
@@ -64,8 +108,15 @@ class FedLALR(Algorithm):
             down["v_hat"] = state.v_hat
         return down
 
+    @classmethod
+    def from_params(cls, params: AlgorithmParams, context: AlgorithmContext) -> "FedLALR":
+        return from_keywords(cls, params, **cls.fixed)
+
     def upload_size(self, num_params: int) -> int:
         return num_params * (3 if not self.restart_momentum else 2 if self.synchronize_moments else 1)
+
+    def download_size(self, num_params: int) -> int:
+        return self.upload_size(num_params)
 
     def global_params(self, state: FedLALRState) -> Tensor:
         return state.params
@@ -131,3 +182,11 @@ class _VHatTrace:
         """A list of floats; with a stack of clients (engine.vectorize), a (clients, steps) tensor."""
         norms = torch.stack(self.trace, dim=-1).double()
         return norms.tolist() if norms.ndim == 1 else norms
+
+
+@register_algorithm("local_amsgrad")
+class LocalAMSGrad(FedLALR):
+    """Naive local AMSGrad (FedLALR's baseline, Sun et al., 2023): only x is synchronised."""
+
+    Params = LocalAMSGradParams
+    fixed = {"synchronize_moments": False}

@@ -11,13 +11,35 @@ rescales u (T5); I is train.local_steps (train.local_epochs under epochs, as §A
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, Optional
 
+from pydantic import Field
 from torch import Tensor
 
-from rayfed.algorithms.base import Algorithm, ClientTask, RoundInfo, Upload, weighted_average
-from rayfed.algorithms.storm import step_batch, storm_descent
+from rayfed.algorithms.base import (Algorithm, AlgorithmContext, ClientTask, RoundInfo, Upload, from_keywords,
+                                    register_algorithm, weighted_average)
+from rayfed.algorithms.params import AlgorithmParams
+from rayfed.algorithms.storm import ESTIMATORS, MINIBATCHES, step_batch, storm_descent
+from rayfed.fields import Coefficient, Decay, Flag, count, number
 
 INIT_GRADS = ("full", "minibatch")
+MAX_INIT_BATCH = 10**7
+
+
+class FedMoSParams(AlgorithmParams):
+    """The values of the FedMoS authors' run.sh (Wang et al., INFOCOM 2023)."""
+
+    a: number(ge=0.0, le=1.0) = Field(0.1, description="STORM's momentum weight: d <- g(x) + (1 - a)(d - g(x_prev))")
+    mu: Coefficient = Field(0.001, description="the unscaled proximal pull toward the round's model")
+    beta1: Decay = Field(0.8, description="the paper's beta: server heavy-ball momentum on the model changes")
+    init_grad: Literal[INIT_GRADS] = Field("full", description="d_0: the full local gradient, or a minibatch's")
+    init_batch: Optional[count(ge=1, le=MAX_INIT_BATCH)] = Field(
+        None, description="with init_grad=minibatch: B_0 (default the batch size)")
+    client_estimator: Literal[ESTIMATORS] = Field(
+        "storm_paper", description="Eq. 3 as the paper writes it, or as the reference code computes it")
+    minibatches: Literal[MINIBATCHES] = Field(
+        "independent", description="fresh draws without replacement each step (unbiased), or shuffled epochs")
+    server_momentum_skip_round0: Flag = Field(False, description="no momentum step in the first round (the code's)")
 
 
 @dataclass
@@ -26,7 +48,13 @@ class FedMoSState:
     momentum: Tensor    # u^{t-1}, zero before round 0
 
 
+@register_algorithm("fedmos")
 class FedMoS(Algorithm):
+    """FedMoS (Wang et al., INFOCOM 2023): STORM client momentum, a proximal pull, server heavy ball."""
+
+    Params = FedMoSParams
+    state_classes = (FedMoSState,)
+    server_lr = False
     keeps_client_state = False
     vectorizable = True
     compressed_upload = "delta"
@@ -47,6 +75,10 @@ class FedMoS(Algorithm):
         self.local_steps = local_steps
         self.lr_decay = lr_decay
         self.agg_weighting = agg_weighting
+
+    @classmethod
+    def from_params(cls, params: AlgorithmParams, context: AlgorithmContext) -> "FedMoS":
+        return from_keywords(cls, params, local_steps=context.local_steps, lr_decay=context.lr_decay)
 
     def server_init(self, params: Tensor, num_clients: int) -> FedMoSState:
         return FedMoSState(params=params.clone(), momentum=params.new_zeros(params.shape))

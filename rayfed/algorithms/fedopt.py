@@ -8,11 +8,42 @@ averaging.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
+from pydantic import Field
 from torch import Tensor
 
-from rayfed.algorithms.base import Algorithm, ClientTask, RoundInfo, Upload, local_sgd, weighted_average
+from rayfed.algorithms.base import (Algorithm, AlgorithmContext, ClientTask, RoundInfo, Upload, from_keywords,
+                                    local_sgd, register_algorithm, weighted_average)
+from rayfed.algorithms.params import AlgorithmParams
 from rayfed.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerState
+from rayfed.fields import Decay, Flag, Positive
+
+
+class AdagradParams(AlgorithmParams):
+    """Reddi et al. (ICLR 2021, arXiv:2003.00295), as FedLALR's paper runs them."""
+
+    beta1: Decay = Field(0.0, description="the server optimizer's first-moment decay")
+    tau: Positive = Field(0.01, description="the adaptivity floor: x += lr_global m / (sqrt(v) + tau); v starts at tau^2")
+
+
+class AdamParams(AdagradParams):
+    beta1: Decay = Field(0.9, description="the server optimizer's first-moment decay")
+    beta2: Decay = Field(0.99, description="the server optimizer's second-moment decay")
+    bias_correction: Flag = Field(False, description="Adam's bias correction of m and v")
+
+
+class AMSParams(AlgorithmParams):
+    """FedAMS (Wang, Lin and Chen, ICML 2022), as FedLALR's paper runs it."""
+
+    beta1: Decay = Field(0.9, description="the server optimizer's first-moment decay")
+    beta2: Decay = Field(0.99, description="the server optimizer's second-moment decay")
+    eps: Positive = Field(1e-4, description="v_hat's floor (ams_v1) or the denominator's (ams_v2)")
+    bias_correction: Flag = Field(False, description="Adam's bias correction of m and v_hat")
+
+
+class AMSv2Params(AMSParams):
+    eps: Positive = Field(1e-2, description="added to the denominator: x += lr_global m / (sqrt(v_hat) + eps)")
 
 
 @dataclass
@@ -22,6 +53,8 @@ class FedOptState:
 
 
 class FedOpt(Algorithm):
+    state_classes = (FedOptState, ServerOptimizerState)
+    fixed: ClassVar[dict[str, Any]] = {}
     keeps_client_state = False
     vectorizable = True
     compressed_upload = "delta"
@@ -34,6 +67,10 @@ class FedOpt(Algorithm):
         self.optimizer = ServerOptimizer(server_optimizer, lr_global, beta1, beta2, tau if eps is None else eps,
                                          bias_correction)
         self.agg_weighting = agg_weighting
+
+    @classmethod
+    def from_params(cls, params: AlgorithmParams, context: AlgorithmContext) -> "FedOpt":
+        return from_keywords(cls, params, **cls.fixed)
 
     def server_init(self, params: Tensor, num_clients: int) -> FedOptState:
         return FedOptState(params=params.clone(), optimizer=self.optimizer.init(params))
@@ -58,3 +95,43 @@ class FedOpt(Algorithm):
         pseudo_gradient = weighted_average(uploads, "delta", self.agg_weighting, round_info.weights)       # Delta_t
         params, optimizer = self.optimizer.step(state.params, pseudo_gradient, state.optimizer)
         return FedOptState(params=params, optimizer=optimizer), {}
+
+
+@register_algorithm("fedadam")
+class FedAdam(FedOpt):
+    """FedAdam (Reddi et al., ICLR 2021, arXiv:2003.00295): FedAvg's clients, Adam on the server."""
+
+    Params = AdamParams
+    fixed = {"server_optimizer": "adam"}
+
+
+@register_algorithm("fedyogi")
+class FedYogi(FedOpt):
+    """FedYogi (Reddi et al., ICLR 2021, arXiv:2003.00295): FedAvg's clients, Yogi on the server."""
+
+    Params = AdamParams
+    fixed = {"server_optimizer": "yogi"}
+
+
+@register_algorithm("fedadagrad")
+class FedAdagrad(FedOpt):
+    """FedAdagrad (Reddi et al., ICLR 2021, arXiv:2003.00295): FedAvg's clients, Adagrad on the server."""
+
+    Params = AdagradParams
+    fixed = {"server_optimizer": "adagrad"}
+
+
+@register_algorithm("fedams_v1")
+class FedAMSv1(FedOpt):
+    """FedAMS, variant 1 (Wang, Lin and Chen, ICML 2022): AMSGrad with v_hat floored at eps."""
+
+    Params = AMSParams
+    fixed = {"server_optimizer": "ams_v1"}
+
+
+@register_algorithm("fedams_v2")
+class FedAMSv2(FedOpt):
+    """FedAMS, variant 2 (Wang, Lin and Chen, ICML 2022): AMSGrad with eps in the denominator."""
+
+    Params = AMSv2Params
+    fixed = {"server_optimizer": "ams_v2"}

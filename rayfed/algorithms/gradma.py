@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
-from rayfed.algorithms.base import Algorithm, ClientTask, RoundInfo, Upload, local_sgd, weighted_average
+from rayfed.algorithms.base import (FLOAT32_BYTES, Algorithm, AlgorithmContext, ClientTask, RoundInfo, Upload,
+                                    from_keywords, local_sgd, register_algorithm, weighted_average)
 from rayfed.algorithms.memory import GradientMemory
+from rayfed.algorithms.params import AlgorithmParams, RunFacts
+from rayfed.errors import ConfigError
+from rayfed.fields import Coefficient, Decay, count
 from rayfed.qp import QPInfo, cone_project, cone_project_blocks
 
 
@@ -31,7 +37,60 @@ class GradMAClientState:
     last_local: Tensor              # xhat^(i): the final local model of the client's last participation
 
 
+MAX_MEMORY_SIZE = 10**7
+FLOAT64_BYTES = 8
+QP_SCOPES = Literal["model", "tensor"]
+
+
+class LocalCorrection(AlgorithmParams):
+    anchor_mode: Literal["last_local", "global"] = Field(
+        "last_local", description="x_{t,-1} of the first local step: the client's last local model, or the global one")
+    qp_scope: QP_SCOPES = Field("model", description="one QP over the whole model, or one per parameter tensor")
+    qp_margin_local: Coefficient = Field(0.0, description="the local QP's margin gamma (<g~, a> >= gamma ||a||)")
+
+
+class MemoryCorrection(AlgorithmParams):
+    beta1: Decay = Field(0.5, description="server momentum of the corrected update")
+    beta2: Decay = Field(0.5, description="decay of the updates held in the memory D")
+    memory_size: count(ge=0, le=MAX_MEMORY_SIZE) = Field(
+        100, description="m: clients whose decayed updates the memory holds (0: no memory)")
+    qp_scope: QP_SCOPES = Field("model", description="one QP over the whole model, or one per parameter tensor")
+    qp_margin_global: Coefficient = Field(0.0, description="the server QP's margin")
+
+    def check(self, run: RunFacts) -> None:
+        if self.memory_size and self.memory_size < run.clients_per_round:
+            raise ConfigError(f"algorithm.memory_size={self.memory_size} is below train.clients_per_round="
+                              f"{run.clients_per_round}: the memory must hold every sampled client "
+                              f"(use at least that, or 0 for no memory)")
+
+
+class BothCorrections(MemoryCorrection, LocalCorrection):
+    pass
+
+
+@register_algorithm("gradma")
 class GradMA(Algorithm):
+    """GradMA (Luo et al., CVPR 2023, arXiv:2302.14307, Alg. 1): QP-corrected local steps and a
+    memory-corrected server momentum."""
+
+    Params = BothCorrections
+    state_classes = (GradMAServerState, GradMAClientState, GradientMemory)
+    fixed: ClassVar[dict[str, Any]] = {"correct_locally": True}
+
+    @classmethod
+    def from_params(cls, params: AlgorithmParams, context: AlgorithmContext) -> "GradMA":
+        return from_keywords(cls, params, param_blocks=list(context.param_blocks), **cls.fixed)
+
+    def memory_bytes(self, num_params: int, num_clients: int, num_blocks: int) -> dict[str, int]:
+        parts = {}
+        if self.keeps_client_state:
+            parts["client states"] = num_clients * num_params * FLOAT32_BYTES      # every client's last local model
+        rows = min(self.memory_size, num_clients)
+        if rows:
+            grams = num_blocks if self.qp_scope == "tensor" else 1
+            parts["server memory"] = rows * num_params * FLOAT32_BYTES + grams * rows ** 2 * FLOAT64_BYTES
+        return parts
+
     def __init__(self, lr_local: float, lr_global: float, param_blocks: list[tuple[int, int]], *,
                  correct_locally: bool, memory_size: int = 0, beta1: float = 0.0, beta2: float = 0.0,
                  anchor_mode: str = "last_local", qp_scope: str = "model", qp_margin_local: float = 0.0,
@@ -144,3 +203,19 @@ def _combine(rows: list[dict[str, float]], prefix: str) -> dict[str, float]:
         f"{prefix}_min_cosine": min(cosines) if cosines else math.nan,
         f"{prefix}_failures": sum(row[f"{prefix}_failures"] for row in rows),
     }
+
+
+@register_algorithm("gradma_w")
+class GradMAW(GradMA):
+    """GradMA-W (Luo et al., arXiv:2302.14307, Alg. 2): GradMA's QP-corrected local steps alone."""
+
+    Params = LocalCorrection
+    fixed = {"correct_locally": True, "memory_size": 0, "beta1": 0.0}
+
+
+@register_algorithm("gradma_s")
+class GradMAS(GradMA):
+    """GradMA-S (Luo et al., arXiv:2302.14307, Alg. 3): GradMA's memory-corrected server momentum alone."""
+
+    Params = MemoryCorrection
+    fixed = {"correct_locally": False}

@@ -11,11 +11,16 @@ the preconditioner sums' inverses, then takes a server SGD step.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
-from rayfed.algorithms.base import Algorithm, ClientTask, RoundInfo, Upload, local_descent, weighted_average
+from rayfed.algorithms.base import (Algorithm, AlgorithmContext, ClientTask, RoundInfo, Upload, from_keywords,
+                                    local_descent, register_algorithm, weighted_average)
+from rayfed.algorithms.params import AlgorithmParams
+from rayfed.fields import Decay, Positive
 from rayfed.algorithms.local_adaptive import AdamDirection
 from rayfed.algorithms.server_optimizer import ServerOptimizer
 
@@ -46,7 +51,20 @@ def _divide(numerator: Tensor, denominator: Tensor) -> Tensor:
     return torch.where(denominator == 0, torch.zeros_like(numerator), numerator / denominator)
 
 
+class LaFedOPTParams(AlgorithmParams):
+    beta1: Decay = Field(0.8, description="local Adam's first-moment decay")
+    beta2: Decay = Field(0.999, description="local Adam's second-moment decay")
+    eps: Positive = Field(1e-4, description="local Adam's denominator floor")
+    correction: Literal["joint", "local"] = Field(
+        "joint", description="joint: the server divides by the averaged inverse preconditioner sums; local: it does not")
+
+
+@register_algorithm("lafedopt")
 class LaFedOPT(Algorithm):
+    """LaFedOPT (FedLALR's baseline, Sun et al., 2023): local Adam with preconditioner-corrected averaging."""
+
+    Params = LaFedOPTParams
+    state_classes = (LaFedOPTState,)
     keeps_client_state = False
     vectorizable = True
 
@@ -59,6 +77,10 @@ class LaFedOPT(Algorithm):
         self.correction = correction
         self.server_optimizer = ServerOptimizer("sgd", lr_global)
         self.agg_weighting = agg_weighting
+
+    @classmethod
+    def from_params(cls, params: AlgorithmParams, context: AlgorithmContext) -> "LaFedOPT":
+        return from_keywords(cls, params)
 
     def server_init(self, params: Tensor, num_clients: int) -> LaFedOPTState:
         return LaFedOPTState(params=params.clone())

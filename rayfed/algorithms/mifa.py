@@ -10,10 +10,15 @@ server's running average needs O(d) memory; the N latest updates live with the c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
+from pydantic import Field
 from torch import Tensor
 
-from rayfed.algorithms.base import Algorithm, ClientTask, RoundInfo, Upload, local_sgd
+from rayfed.algorithms.base import (FLOAT32_BYTES, Algorithm, AlgorithmContext, ClientTask, RoundInfo, Upload,
+                                    from_keywords, local_sgd, register_algorithm)
+from rayfed.algorithms.params import AlgorithmParams
+from rayfed.fields import Decay
 
 
 @dataclass
@@ -28,7 +33,28 @@ class MIFAClientState:
     latest_update: Tensor   # g_old^(i); absent (None state) means the spec's initial 0
 
 
+class MIFAMParams(AlgorithmParams):
+    beta1: Decay = Field(0.5, description="server heavy-ball momentum on the average of the latest updates")
+
+
+@register_algorithm("mifa")
 class MIFA(Algorithm):
+    """MIFA (Gu et al., NeurIPS 2021, Alg. 1): steps along the average of every
+    client's latest update."""
+
+    Params = AlgorithmParams
+    state_classes = (MIFAServerState, MIFAClientState)
+    # It averages the latest updates of all N clients: there is no weighting to choose.
+    weighted = False
+    fixed: ClassVar[dict[str, Any]] = {"beta1": 0.0}
+
+    @classmethod
+    def from_params(cls, params: AlgorithmParams, context: AlgorithmContext) -> "MIFA":
+        return from_keywords(cls, params, **cls.fixed)
+
+    def memory_bytes(self, num_params: int, num_clients: int, num_blocks: int) -> dict[str, int]:
+        return {"client states": num_clients * num_params * FLOAT32_BYTES}     # every client's latest update
+
     def __init__(self, lr_local: float, lr_global: float, beta1: float = 0.0):
         self.lr_local = lr_local
         self.lr_global = lr_global
@@ -67,3 +93,11 @@ class MIFA(Algorithm):
         momentum = state.momentum.mul(self.beta1).add_(average)                  # m_{t+1} = beta1 m_t + dbar_{t+1}
         params = state.params.sub(momentum, alpha=self.lr_global)
         return MIFAServerState(params=params, average=average, momentum=momentum), {}
+
+
+@register_algorithm("mifam")
+class MIFAM(MIFA):
+    """MIFAM: MIFA with server heavy-ball momentum (GradMA's baseline, arXiv:2302.14307)."""
+
+    Params = MIFAMParams
+    fixed = {}

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rayfed.algorithms.base import Algorithm, ClientTask, RoundInfo, Upload, local_descent, weighted_average
+from rayfed.algorithms.base import (FLOAT32_BYTES, Algorithm, AlgorithmContext, ClientTask, RoundInfo, Upload,
+                                    from_keywords, local_descent, register_algorithm, weighted_average)
+from rayfed.algorithms.params import AlgorithmParams
 
 
 @dataclass
@@ -26,8 +28,23 @@ class ScaffoldClientState:
     control: Tensor     # c_j, zero before the client's first round
 
 
+@register_algorithm("scaffold")
 class Scaffold(Algorithm):
+    """SCAFFOLD (Karimireddy et al., ICML 2020, arXiv:1910.06378), control variates of option II."""
+
+    Params = AlgorithmParams
+    state_classes = (ScaffoldServerState, ScaffoldClientState)
     keeps_client_state = True
+
+    @classmethod
+    def from_params(cls, params: AlgorithmParams, context: AlgorithmContext) -> "Scaffold":
+        return from_keywords(cls, params)
+
+    def memory_bytes(self, num_params: int, num_clients: int, num_blocks: int) -> dict[str, int]:
+        return {"client states": num_clients * num_params * FLOAT32_BYTES}     # every client's c_j
+
+    def download_size(self, num_params: int) -> int:
+        return 2 * num_params
 
     def __init__(self, lr_local: float, lr_global: float, agg_weighting: str = "uniform"):
         self.lr_local = lr_local

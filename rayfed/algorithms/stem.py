@@ -9,13 +9,26 @@ round's weights, and broadcasts both: 2d each way. Clients keep nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
+from pydantic import Field
 from torch import Tensor
 
-from rayfed.algorithms.base import Algorithm, ClientTask, RoundInfo, Upload, weighted_average
-from rayfed.algorithms.storm import storm_descent
+from rayfed.algorithms.base import (Algorithm, AlgorithmContext, ClientTask, RoundInfo, Upload, from_keywords,
+                                    register_algorithm, weighted_average)
+from rayfed.algorithms.params import AlgorithmParams
+from rayfed.algorithms.storm import MINIBATCHES, storm_descent
+from rayfed.fields import number
 
 MOMENTUM_WEIGHTS = ("ucs", "normalized")
+
+
+class STEMParams(AlgorithmParams):
+    a: number(ge=0.0, le=1.0) = Field(0.1, description="STORM's momentum weight")
+    minibatches: Literal[MINIBATCHES] = Field(
+        "independent", description="fresh draws without replacement each step (unbiased), or shuffled epochs")
+    momentum_weights: Literal[MOMENTUM_WEIGHTS] = Field(
+        "ucs", description="the momentum average's weights: the round's selector weights, or those normalised to 1")
 
 
 @dataclass
@@ -24,7 +37,13 @@ class STEMState:
     momentum: Tensor | None     # d_bar, None before round 0
 
 
+@register_algorithm("stem")
 class STEM(Algorithm):
+    """STEM (Khanduri et al., NeurIPS 2021), as FedMoS's paper runs it."""
+
+    Params = STEMParams
+    state_classes = (STEMState,)
+    server_lr = False
     keeps_client_state = False
     vectorizable = True
 
@@ -45,7 +64,14 @@ class STEM(Algorithm):
             down["momentum"] = state.momentum
         return down
 
+    @classmethod
+    def from_params(cls, params: AlgorithmParams, context: AlgorithmContext) -> "STEM":
+        return from_keywords(cls, params)
+
     def upload_size(self, num_params: int) -> int:
+        return 2 * num_params
+
+    def download_size(self, num_params: int) -> int:
         return 2 * num_params
 
     def global_params(self, state: STEMState) -> Tensor:

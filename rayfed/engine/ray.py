@@ -27,6 +27,8 @@ from rayfed.seeding import Purpose
 from rayfed.engine.worker import ClientWorker
 from rayfed.errors import ConfigError, first_line
 from rayfed.faults import SERVER, Fault, enact
+from rayfed.plugins import install_plugins, shippable_plugins
+from rayfed.registry import Entry
 from rayfed.systems.clients import ClientSystems
 
 
@@ -55,8 +57,9 @@ class RayClientWorker:
     (Ray cannot guarantee those for a restart, and says so on every run, ray#53727): the engine
     hands it the shared data with `attach`, after creation and again after a restart."""
 
-    def __init__(self, config: Config, input_shape: tuple[int, ...], num_classes: int, worker_index: int,
-                 num_workers: int):
+    def __init__(self, plugins: list[Entry], config: Config, input_shape: tuple[int, ...], num_classes: int,
+                 worker_index: int, num_workers: int):
+        install_plugins(plugins)
         self.arguments = (config, input_shape, num_classes, worker_index, num_workers)
         self.worker: ClientWorker | None = None
 
@@ -111,6 +114,10 @@ class RayClientWorker:
 
 
 class RayServer(Server):
+    def __init__(self, plugins: list[Entry], *arguments):
+        install_plugins(plugins)
+        super().__init__(*arguments)
+
     def enact(self, fault: Fault) -> None:
         enact(fault)
 
@@ -151,7 +158,9 @@ class RayEngine:
         # otherwise P one-CPU workers could not all be placed on a P-core machine. Ray does not
         # restart it: the engine recreates it from the last checkpoint (recreate_server).
         server_actor = ray.remote(RayServer).options(num_cpus=0, num_gpus=engine.server_gpus, max_restarts=0)
-        server_arguments = (config, (dataset.test_x, dataset.test_y), dataset.input_shape, dataset.num_classes,
+        # The plugins' registrations go to every actor, installed before it builds anything.
+        plugins = shippable_plugins()
+        server_arguments = (plugins, config, (dataset.test_x, dataset.test_y), dataset.input_shape, dataset.num_classes,
                             client_systems, clients_train_data(config, (dataset.train_x, dataset.train_y), partition))
         self.new_server = lambda: RemoteHandle(server_actor.remote(*server_arguments))
         worker_actor = ray.remote(RayClientWorker).options(num_cpus=engine.worker_cpus, num_gpus=engine.worker_gpus,
@@ -160,7 +169,7 @@ class RayEngine:
         self.round_timeout_s = engine.round_timeout_s
         self.restarts_seen = [0] * engine.num_workers
         self.workers = [
-            WorkerHandle(worker_actor.remote(config, dataset.input_shape, dataset.num_classes, index,
+            WorkerHandle(worker_actor.remote(plugins, config, dataset.input_shape, dataset.num_classes, index,
                                              engine.num_workers))
             for index in range(engine.num_workers)
         ]

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from rayfed.algorithms.base import RoundInfo, Upload
 from rayfed.algorithms.local_training import LocalSchedule
-from rayfed.algorithms.registry import build_algorithm
+from rayfed.algorithms.base import AlgorithmContext, build_algorithm, check_state_declared
 from rayfed.config import Config
 from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult
 from rayfed.engine.process_memory import peak_rss
@@ -42,7 +42,7 @@ class Server:
         torch.manual_seed(derive_seed(config.seed, Purpose.MODEL_INIT))
         self.model = FlatModel(build_model(config.model.name, input_shape, num_classes,
                                            config.model.hidden_sizes), self.device)
-        self.algorithm = build_algorithm(config.algorithm, self.model.blocks, config.train)
+        self.algorithm = build_algorithm(config.algorithm, AlgorithmContext.of_run(self.model.blocks, config.train))
         self.compressor = (build_compressor(config.compression, self.model.blocks)
                            if config.compression.name != "identity" else None)
         # Cumulative bits up and down, as a deployment would send them (specs/fedcom.md §3.3).
@@ -53,6 +53,7 @@ class Server:
         self.pending_reply: tuple[dict[str, Tensor], set[int]] | None = None
         self.schedule = LocalSchedule.from_config(config.train)
         self.state = self.algorithm.server_init(self.model.params.clone(), config.data.num_clients)
+        check_state_declared(self.algorithm, config.algorithm.name, self.state, "server")
         self.buffers = self.model.buffers.clone()
         self.client_systems = client_systems
         self.virtual_time_s = 0.0

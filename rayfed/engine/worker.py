@@ -14,7 +14,7 @@ from torch import Tensor
 
 from rayfed.algorithms.base import Batch, Upload
 from rayfed.algorithms.local_training import LocalSchedule, TrainingTask
-from rayfed.algorithms.registry import build_algorithm
+from rayfed.algorithms.base import AlgorithmContext, build_algorithm, check_state_declared
 from rayfed.compression import MESSAGE_SEPARATOR, build_compressor
 from rayfed.config import Config
 from rayfed.data.augment import random_crop_flip
@@ -170,7 +170,7 @@ class ClientWorker:
         torch.manual_seed(0)    # the architecture's own init is overwritten by every broadcast
         self.model = FlatModel(build_model(config.model.name, input_shape, num_classes,
                                            config.model.hidden_sizes), self.device)
-        self.algorithm = build_algorithm(config.algorithm, self.model.blocks, config.train)
+        self.algorithm = build_algorithm(config.algorithm, AlgorithmContext.of_run(self.model.blocks, config.train))
         # compression.*: what encodes the algorithm's update on its way to the server (None: nothing does).
         self.compressor = (build_compressor(config.compression, self.model.blocks)
                            if config.compression.name != "identity" else None)
@@ -183,6 +183,8 @@ class ClientWorker:
         # Algorithms whose server replies (FedGATE): each trained client's update as the server will decode
         # it, until the reply comes.
         self.sent_updates: dict[int, Tensor] = {}
+        # The client-state classes known to be declared (Algorithm.state_classes): each is checked once.
+        self.checked_state_types: set[type] = set()
 
     def train(self, round: int, down: Broadcast, client_ids: list[int]) -> WorkerResult:
         return self._train(round, down, client_ids, self.config.seed)
@@ -244,6 +246,9 @@ class ClientWorker:
         if self.algorithm.replies:
             self.sent_updates[client_id] = sent
         if state is not None:
+            if type(state) not in self.checked_state_types:
+                check_state_declared(self.algorithm, self.config.algorithm.name, state, "client")
+                self.checked_state_types.add(type(state))
             self.pending_states[client_id] = state
         upload.tensors = {name: t.cpu() for name, t in upload.tensors.items()}
         return ClientResult(client_id, upload, self.model.buffers.cpu().clone())
