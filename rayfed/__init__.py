@@ -1,7 +1,22 @@
-"""rayfed: a federated-learning simulator on Ray."""
-from rayfed.api import Result, resume, run
-from rayfed.config import Config, load_config
-from rayfed.errors import ConfigError, RunFinished, RunStopped
+"""rayfed: a federated-learning simulator on Ray.
 
-__all__ = ["Config", "ConfigError", "Result", "RunFinished", "RunStopped", "load_config", "resume", "run"]
+Components of your own register with the decorators below, in a module of yours, and are then
+used by name in a config like the built-ins (which register the same way): import the module
+before `rayfed.run`, or name it in the config's `plugins:` list."""
+from rayfed.algorithms import (Algorithm, AlgorithmContext, AlgorithmParams, ClientTask, RoundInfo, RunFacts, Upload,
+                               register_algorithm)
+from rayfed.algorithms.base import local_descent, local_sgd, weighted_average
+from rayfed.api import Result, resume, run
+from rayfed.compression import register_compressor
+from rayfed.config import Config, load_config
+from rayfed.data import Dataset, Partition, PartitionRequest, register_dataset, register_partitioner
+from rayfed.errors import ConfigError, RunFinished, RunStopped
+from rayfed.models import register_model
+from rayfed.selection import Selection, SelectionRequest, register_selector
+
+__all__ = ["Algorithm", "AlgorithmContext", "AlgorithmParams", "ClientTask", "Config", "ConfigError", "Dataset",
+           "Partition", "PartitionRequest", "Result", "RoundInfo", "RunFacts", "RunFinished", "RunStopped", "Selection",
+           "SelectionRequest", "Upload", "load_config", "local_descent", "local_sgd", "register_algorithm",
+           "register_compressor", "register_dataset", "register_model", "register_partitioner", "register_selector",
+           "resume", "run", "weighted_average"]
 __version__ = "0.1.0"

@@ -74,11 +74,7 @@ def resume(run_dir: str | Path, progress: bool = True) -> Result:
 def load_data(config: Config) -> tuple[Dataset, Partition]:
     """The run's dataset and its split among the clients, as `config` and its seed define them."""
     data = config.data
-    dataset = load_dataset(data.dataset, root=data.root, download=data.download, seed=config.seed,
-                           num_clients=data.num_clients, synthetic_alpha=data.synthetic_alpha,
-                           synthetic_beta=data.synthetic_beta, synthetic_max_samples=data.synthetic_max_samples,
-                           partition=data.partition, shakespeare_train_samples=data.shakespeare_train_samples,
-                           shakespeare_test_samples=data.shakespeare_test_samples, normalize=data.normalize)
+    dataset = load_dataset(data.dataset, seed=config.seed, **data.model_dump(exclude={"dataset"}))
     partition = make_partition(data.partition, dataset.train_y, dataset.num_classes, data.num_clients,
                                config.seed, alpha=data.alpha, shards_per_client=data.shards_per_client,
                                natural=dataset.natural_partition, dataset=data.dataset)

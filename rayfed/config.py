@@ -15,26 +15,20 @@ from typing import Annotated, Any, Literal, Optional
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError
+from pydantic_core import PydanticCustomError
 
 from rayfed.algorithms.params import AlgorithmParams, RunFacts, common_keys
 from rayfed.fields import MAX_COEFFICIENT, MAX_COUNT, MAX_VIRTUAL, Flag, allowed_values, count, number, read_float
 from rayfed.plugins import load_plugins
-from rayfed.registry import ALGORITHMS, did_you_mean
-from rayfed.data.datasets import DATASETS, NORMALIZATIONS, TORCHVISION_DATASETS, missing_files
-from rayfed.data.partition import PARTITIONS, check_fedmos_clients
+from rayfed.registry import ALGORITHMS, COMPRESSORS, DATASETS, MODELS, PARTITIONERS, SELECTORS, Registry, did_you_mean
+from rayfed.data import missing_files
+from rayfed.data.datasets import NORMALIZATIONS
 from rayfed.errors import ConfigError
 from rayfed.faults import parse_fault
-from rayfed.compression import COMPRESSORS
-from rayfed.selection.selectors import SELECTORS, UCS_VARIANTS
-from rayfed.resources import MODEL_NAMES, check_availability_walk, check_memory, check_model
+from rayfed.selection.selectors import UCS_VARIANTS
+from rayfed.resources import check_availability_walk, check_memory, check_model
 from rayfed.systems.availability import AVAILABILITIES
 
-MODELS = ("auto", *MODEL_NAMES)
-# The papers' model for each dataset: FedProx used logistic regression on Synthetic.
-AUTO_MODELS = {"synthetic": "logreg", "mnist": "mlp", "fashion_mnist": "mlp", "cifar10": "lenet5", "cifar100": "vgg11",
-               "cifar10_random": "lenet5", "digits": "mlp", "shakespeare": "char_lstm", "femnist": "relu_mlp"}
-# Datasets whose clients the data itself defines: FedProx's generated ones, Shakespeare's speaking roles.
-NATURAL_DATASETS = ("synthetic", "shakespeare", "femnist")
 BACKENDS = ("local", "ray")
 ROUND_POLICIES = ("sync", "deadline", "overcommit", "async_buffered")
 STALENESS_WEIGHTS = ("none", "sqrt")
@@ -46,12 +40,6 @@ INTERVAL_UNITS = ("epochs", "steps")
 INTERVAL_DEFAULTS = {"interval_k_init": 4, "interval_k_alpha": 2.0, "interval_rounding": "floor",
                      "interval_unit": "epochs"}
 
-# The keys each compressor takes and their defaults (specs/fedcom.md §3.2, §5.2): QSGD's levels s,
-# a sparsifier's k (kept) or C_r (ratio, k = floor(C_r d / 2)), an affine quantizer's bits b and
-# AffineNoisy's zero-point noise N_z.
-COMPRESSION_KEYS = {"identity": {}, "qsgd": {"levels": 4}, "rand_k": {"kept": None, "ratio": 0.1},
-                    "top_k": {"kept": None, "ratio": 0.1}, "affine": {"bits": 8, "zero_point_noise": 0},
-                    "affine_stochastic": {"bits": 8}}
 # int16 codes: QSGD's signed levels and the affine quantizers' codes must fit.
 MAX_QSGD_LEVELS = 32767
 MAX_CODE_BITS = 16
@@ -135,6 +123,16 @@ _Text = Annotated[str, Field(strict=True, max_length=MAX_PATH_BYTES), AfterValid
 _Gpus = Annotated[number(ge=0.0, le=MAX_GPUS), AfterValidator(_gpu_share)]
 
 
+def registered(registry: Registry, *also: str):
+    """A name of `registry` (or one of `also`, such as "auto"), checked when the config is validated,
+    so that names registered by plugins are taken as the built-in ones are."""
+    def check(value: str) -> str:
+        if value not in also and value not in registry:
+            raise PydanticCustomError("registered_name", "not a registered name", {"choices": (*also, *registry)})
+        return value
+    return Annotated[str, Field(strict=True), AfterValidator(check)]
+
+
 class _Section(BaseModel):
     # No validation on assignment: resolve() validates the whole config again, and code may
     # assign freely in between (the local engine's num_workers, the vectorize fallback).
@@ -142,12 +140,12 @@ class _Section(BaseModel):
 
 
 class DataConfig(_Section):
-    dataset: Literal[DATASETS] = "synthetic"
+    dataset: registered(DATASETS) = "synthetic"
     root: _Path = "./data"
     download: Flag = False
     num_clients: count(gt=0) = 100
     # "auto": the dataset's own client split for synthetic and shakespeare, dirichlet otherwise.
-    partition: Literal[("auto", *PARTITIONS)] = "auto"
+    partition: registered(PARTITIONERS, "auto") = "auto"
     alpha: number(gt=0.0, le=MAX_COEFFICIENT) = 0.1
     shards_per_client: count(gt=0) = 2
     synthetic_alpha: number(ge=0.0, le=MAX_SYNTHETIC_SPREAD) = 1.0
@@ -165,7 +163,7 @@ class DataConfig(_Section):
 
 
 class ModelConfig(_Section):
-    name: Literal[MODELS] = "auto"
+    name: registered(MODELS, "auto") = "auto"
     hidden_sizes: Annotated[list[count(gt=0, le=MAX_WIDTH)], Field(strict=True, max_length=MAX_LAYERS)] = \
         Field(default_factory=lambda: [200, 100])
 
@@ -240,7 +238,7 @@ class EngineConfig(_Section):
 
 
 class SelectionConfig(_Section):
-    selector: Literal[SELECTORS] = "uniform"
+    selector: registered(SELECTORS) = "uniform"
     ucs_variant: Literal[UCS_VARIANTS] = "paper"
     # cacs only (specs/fedmos.md §3.7); None: not set, CACS_DEFAULTS when selector=cacs.
     cacs_warmup_rounds: Optional[count(ge=0)] = None
@@ -249,8 +247,10 @@ class SelectionConfig(_Section):
 
 
 class CompressionConfig(_Section):
-    name: Literal[COMPRESSORS] = "identity"
-    # Each operator's own keys (None: not set; COMPRESSION_KEYS' defaults for the chosen operator).
+    name: registered(COMPRESSORS) = "identity"
+    # Each operator's own keys (None: not set; the defaults its registration declares): QSGD's levels s,
+    # a sparsifier's k (kept) or C_r (ratio, k = floor(C_r d / 2)), an affine quantizer's bits b and
+    # AffineNoisy's zero-point noise N_z.
     levels: Optional[count(gt=0, le=MAX_QSGD_LEVELS)] = None
     kept: Optional[count(gt=0)] = None
     ratio: Optional[number(gt=0.0, le=1.0)] = None
@@ -328,24 +328,12 @@ def resolve(config: Config) -> Config:
     load_plugins(config.plugins)
     config = _validated(config.to_dict())
     _check_combinations(config)
-    if config.data.partition == "auto":
-        config.data.partition = "natural" if config.data.dataset in NATURAL_DATASETS else "dirichlet"
-    if config.data.partition == "natural" and config.data.dataset not in NATURAL_DATASETS:
-        raise ConfigError("data.partition=natural is only available for data.dataset=synthetic, shakespeare or femnist; "
-                          "use iid, dirichlet or shards")
-    if config.data.dataset == "femnist" and config.data.partition not in ("natural", "iid"):
-        raise ConfigError(f"data.partition={config.data.partition} does not apply to data.dataset=femnist, "
-                          f"whose clients are writers (natural) or an even split of their pooled samples (iid)")
-    if config.data.dataset == "shakespeare" and config.data.partition not in ("natural", "iid"):
-        raise ConfigError(f"data.partition={config.data.partition} does not apply to data.dataset=shakespeare, "
-                          f"whose clients are speaking roles (natural) or crops of their pooled samples (iid)")
-    if config.data.partition == "fedmos":
-        check_fedmos_clients(config.data.dataset, config.data.num_clients)
+    _resolve_partition(config.data)
     if config.engine.backend == "local":
         # The local engine is one in-process worker; recording another count would mislead.
         config.engine.num_workers = 1
     if config.model.name == "auto":
-        config.model.name = AUTO_MODELS[config.data.dataset]
+        config.model.name = DATASETS.get(config.data.dataset).default_model
     config.algorithm.check(RunFacts(
         num_clients=config.data.num_clients, clients_per_round=config.train.clients_per_round,
         everyone_every_round=(config.train.clients_per_round == config.data.num_clients
@@ -390,8 +378,10 @@ def algorithm_section(raw: Any) -> AlgorithmParams:
         if key in AlgorithmParams.known_keys:
             raise ConfigError(f"algorithm.{key} is not a parameter of {name} (it takes "
                               f"{', '.join(f'algorithm.{k}' for k in takes)})")
-        close = did_you_mean(str(key), [k for k in params.model_fields if k.startswith(str(key))] or params.model_fields)
-        raise ConfigError(f"unknown key {_show(f'algorithm.{key}')}{close.replace(chr(39), chr(39) + 'algorithm.', 1)}")
+        keys = [f"algorithm.{k}" for k in params.model_fields]
+        starting = [k for k in keys if k.startswith(f"algorithm.{key}")]      # lr -> lr_local, as elsewhere
+        close = f" (did you mean {starting[0]!r}?)" if starting else did_you_mean(f"algorithm.{key}", keys)
+        raise ConfigError(f"unknown key {_show(f'algorithm.{key}')}{close}")
     try:
         section = params.model_validate({key: value for key, value in raw.items() if value is not None})
     except ValidationError as error:
@@ -415,9 +405,10 @@ def _check_combinations(config: Config) -> None:
     _resolve_interval(train)
     _check_selection(config)
     _resolve_compression(config)
-    if data.normalize != "channel" and data.dataset not in TORCHVISION_DATASETS:
+    if data.normalize != "channel" and not DATASETS.get(data.dataset).normalizable:
+        normalizable = [entry.name for entry in DATASETS.entries() if entry.normalizable]
         raise ConfigError(f"data.normalize={data.normalize} applies to the torchvision image datasets "
-                          f"({', '.join(TORCHVISION_DATASETS)}), not data.dataset={data.dataset}")
+                          f"({', '.join(normalizable)}), not data.dataset={data.dataset}")
     if (engine.round_timeout_s is not None or engine.fault_injection) and engine.backend != "ray":
         raise ConfigError("engine.round_timeout_s and engine.fault_injection need engine.backend=ray")
     for entry in engine.fault_injection:
@@ -453,7 +444,8 @@ def _check_selection(config: Config) -> None:
     if config.algorithm.agg_weighting != "uniform":
         raise ConfigError(f"algorithm.agg_weighting={config.algorithm.agg_weighting} does not apply with "
                           f"selection.selector={selector}, whose weights already follow the clients' sample counts")
-    if selector == "ucs" and config.selection.ucs_variant == "paper" and _algorithm_class(config).averages_models:
+    if (not SELECTORS.get(selector).unit_weight_sum and config.selection.ucs_variant == "paper"
+            and _algorithm_class(config).averages_models):
         raise ConfigError(f"selection.selector=ucs (ucs_variant=paper) does not apply to {algorithm}: its weights "
                           f"sum to 1 only on average, and {algorithm} averages models, not updates")
 
@@ -462,10 +454,10 @@ def _resolve_compression(config: Config) -> None:
     """Fills the chosen compressor's defaults; a key of another operator is an error, as is a
     compressor for an algorithm whose upload it cannot carry."""
     compression = config.compression
-    takes = COMPRESSION_KEYS[compression.name]
+    takes = COMPRESSORS.get(compression.name).keys
     for key in ("levels", "kept", "ratio", "bits", "zero_point_noise"):
         if key not in takes and getattr(compression, key) is not None:
-            users = [name for name, keys in COMPRESSION_KEYS.items() if key in keys]
+            users = [entry.name for entry in COMPRESSORS.entries() if key in entry.keys]
             raise ConfigError(f"compression.{key} only applies to compression.name={' or '.join(users)}")
     if compression.kept is not None and compression.ratio is not None:
         raise ConfigError("compression.kept and compression.ratio both give a sparsifier's k: set one")
@@ -539,8 +531,26 @@ def _resolve_async(config: Config) -> None:
                           f"{', '.join(_algorithms_that(lambda cls: cls.staleness_weighted))})")
 
 
+def _resolve_partition(data: DataConfig) -> None:
+    """data.partition=auto is the dataset's own clients where it has them, dirichlet otherwise; a
+    partition the dataset or the partitioner's own check refuses is an error."""
+    dataset = DATASETS.get(data.dataset)
+    if data.partition == "auto":
+        data.partition = "natural" if dataset.natural else "dirichlet"
+    if data.partition == "natural" and not dataset.natural:
+        natural = [entry.name for entry in DATASETS.entries() if entry.natural]
+        raise ConfigError(f"data.partition=natural is only available for data.dataset={', '.join(natural[:-1])} or "
+                          f"{natural[-1]}; use iid, dirichlet or shards")
+    if dataset.partitions is not None and data.partition not in dataset.partitions:
+        raise ConfigError(f"data.partition={data.partition} does not apply to data.dataset={data.dataset}, "
+                          f"which takes data.partition={' or '.join(dataset.partitions)}")
+    check = PARTITIONERS.get(data.partition).check
+    if check is not None:
+        check(data)
+
+
 def _check_dataset_files(config: Config) -> None:
-    if config.data.download or config.data.dataset == "synthetic":
+    if config.data.download or DATASETS.get(config.data.dataset).missing_files is None:
         return
     try:
         missing = missing_files(config.data.dataset, config.data.root)
@@ -576,6 +586,9 @@ def _message(error: ValidationError, root: type[BaseModel] | None = None, prefix
         return f"{key} must be a list of {typing.get_args(item)[0].__name__}, got {_show(value)}"
     if kind in ("model_type", "model_attributes_type"):
         return f"{key} must be a mapping of keys ({', '.join(declared.model_fields)})"
+    if kind == "registered_name":
+        choices = context["choices"]
+        return f"{key}={_show(value)} is not one of: {', '.join(choices)}{did_you_mean(value, choices)}"
     if kind == "literal_error":
         choices = typing.get_args(declared)
         if root is not None and first["loc"][0] not in common_keys():

@@ -6,22 +6,14 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import NamedTuple
-
 import torch
 
 from rayfed.algorithms.local_training import LocalSchedule
 from rayfed.algorithms.base import build_algorithm
-from rayfed.data.datasets import (DIGITS_CLASSES, DIGITS_IMAGE_SHAPE, DIGITS_SAMPLES, RANDOM_CLASSES,
-                                  RANDOM_IMAGE_SHAPE, RANDOM_TEST_SIZE, RANDOM_TRAIN_SIZE, SYNTHETIC_CLASSES,
-                                  SYNTHETIC_DIMENSION)
-from rayfed.data import femnist
-from rayfed.data.shakespeare import NUM_CHARACTERS, SEQUENCE_LENGTH
-
-# Far above LEAF's FEMNIST writers' digit samples (about 100 on average, train and test): a bound for the memory check.
-FEMNIST_SAMPLES_PER_WRITER = 500
+from rayfed.data.base import sample_count
 from rayfed.errors import ConfigError, first_line
-from rayfed.models import MODEL_NAMES, build_model
+from rayfed.models import build_model
+from rayfed.registry import DATASETS, MODELS, SELECTORS, Entry
 
 FLOAT32_BYTES = 4
 FLOAT64_BYTES = 8
@@ -34,31 +26,11 @@ MODEL_COPIES_PER_PROCESS = 4
 MAX_MARKOV_PERIODS_PER_ROUND = 1000
 
 
-class DatasetShape(NamedTuple):
-    input_shape: tuple[int, ...]
-    num_classes: int
-    num_samples: int | None      # train + test; None for synthetic and shakespeare, whose sizes follow the config
-    input_dtype: torch.dtype = torch.float32
-
-
-DATASET_SHAPES = {
-    "synthetic": DatasetShape((SYNTHETIC_DIMENSION,), SYNTHETIC_CLASSES, None),
-    "mnist": DatasetShape((1, 28, 28), 10, 70_000),
-    "fashion_mnist": DatasetShape((1, 28, 28), 10, 70_000),
-    "cifar10": DatasetShape((3, 32, 32), 10, 60_000),
-    "cifar100": DatasetShape((3, 32, 32), 100, 60_000),
-    "cifar10_random": DatasetShape(RANDOM_IMAGE_SHAPE, RANDOM_CLASSES, RANDOM_TRAIN_SIZE + RANDOM_TEST_SIZE),
-    "digits": DatasetShape(DIGITS_IMAGE_SHAPE, DIGITS_CLASSES, DIGITS_SAMPLES),
-    "shakespeare": DatasetShape((SEQUENCE_LENGTH,), NUM_CHARACTERS, None, torch.int64),
-    "femnist": DatasetShape(femnist.IMAGE_SHAPE, femnist.NUM_CLASSES, None, torch.float32),
-}
-
-
 @functools.lru_cache(maxsize=64)
 def meta_model(name: str, dataset: str, hidden_sizes: tuple[int, ...]) -> torch.nn.Module:
     """The model for `dataset` on the meta device: shapes without storage, so that building even a
     billion-wide layer costs nothing. Raises what build_model raises for a model that does not fit."""
-    shape = DATASET_SHAPES[dataset]
+    shape = DATASETS.get(dataset)
     with torch.device("meta"):
         return build_model(name, shape.input_shape, shape.num_classes, list(hidden_sizes))
 
@@ -69,7 +41,7 @@ def input_misfit(name: str, dataset: str) -> str | None:
     two. Whether the layers chain depends on the input shape, not on the hidden widths, so the
     model is built with the narrowest ones; its weights are left uninitialised (only shapes matter),
     and the pass runs on the CPU because on the meta device it would import torch._dynamo (seconds)."""
-    shape = DATASET_SHAPES[dataset]
+    shape = DATASETS.get(dataset)
     try:
         model = meta_model(name, dataset, (1,)).to_empty(device="cpu").eval()
         with torch.no_grad():
@@ -83,15 +55,15 @@ def check_model(config) -> torch.nn.Module:
     """The run's model on the meta device, once it is known to take the dataset's inputs and to
     train on the configured batches (augmented, with data.augment, which needs images)."""
     name, dataset = config.model.name, config.data.dataset
-    if config.data.augment and len(DATASET_SHAPES[dataset].input_shape) != 3:
+    if config.data.augment and len(DATASETS.get(dataset).input_shape) != 3:
         raise ConfigError(f"data.augment=true crops and flips images; data.dataset={dataset} has inputs of shape "
-                          f"{DATASET_SHAPES[dataset].input_shape}, not (channels, height, width); "
+                          f"{DATASETS.get(dataset).input_shape}, not (channels, height, width); "
                           f"use data.augment=false")
     problem = input_misfit(name, dataset)
     if problem:
-        fitting = [other for other in MODEL_NAMES if not input_misfit(other, dataset)]
+        fitting = [other for other in MODELS if not input_misfit(other, dataset)]
         raise ConfigError(f"model.name={name} does not fit data.dataset={dataset} "
-                          f"({_inputs(DATASET_SHAPES[dataset])}): {problem}; use one of: {', '.join(fitting)}")
+                          f"({_inputs(DATASETS.get(dataset))}): {problem}; use one of: {', '.join(fitting)}")
     model = meta_model(name, dataset, tuple(config.model.hidden_sizes))
     if config.train.batch_size == 1 and any(isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
                                             for module in model.modules()):
@@ -100,7 +72,7 @@ def check_model(config) -> torch.nn.Module:
     return model
 
 
-def _inputs(shape: DatasetShape) -> str:
+def _inputs(shape: Entry) -> str:
     if shape.input_dtype.is_floating_point:
         return f"inputs of shape {shape.input_shape}"
     return f"{str(shape.input_dtype).removeprefix('torch.')} token inputs of shape {shape.input_shape}"
@@ -114,7 +86,7 @@ def check_availability_walk(config, model: torch.nn.Module) -> None:
         return
     model_bytes = FLOAT32_BYTES * sum(parameter.numel() for parameter in model.parameters())
     # The run's longest rounds: the adaptive interval grows, and local epochs scale with a client's size.
-    typical_samples = max(1, _num_samples(config.data, DATASET_SHAPES[config.data.dataset]) // config.data.num_clients)
+    typical_samples = max(1, sample_count(config.data.dataset, config.data) // config.data.num_clients)
     steps = LocalSchedule.from_config(train).steps(train.rounds - 1, typical_samples)
     median_s = (steps * systems.step_time_s + model_bytes / systems.upload_bps
                 + model_bytes / systems.download_bps)
@@ -136,8 +108,8 @@ def estimate_memory(config, model: torch.nn.Module) -> dict[str, int]:
     """Bytes the run holds, by what holds them. On a Ray cluster the server and the workers may
     live on other machines, so only the driver's copy of the data counts against this one."""
     data = config.data
-    shape = DATASET_SHAPES[data.dataset]
-    data_bytes = _num_samples(data, shape) * (math.prod(shape.input_shape) * shape.input_dtype.itemsize + LABEL_BYTES)
+    shape = DATASETS.get(data.dataset)
+    data_bytes = sample_count(data.dataset, data) * (math.prod(shape.input_shape) * shape.input_dtype.itemsize + LABEL_BYTES)
     engine = config.engine
     if engine.backend == "ray" and (engine.address or os.environ.get("RAY_ADDRESS")):
         return {"data": data_bytes}
@@ -153,22 +125,12 @@ def estimate_memory(config, model: torch.nn.Module) -> dict[str, int]:
         "client states": 0,
         **algorithm.memory_bytes(sum(params), data.num_clients, len(params)),
     }
-    if config.selection.selector == "cacs":
+    if SELECTORS.get(config.selection.selector).warmup:
         # Every client's full gradient on the server (float32 as sent, float64 to cluster), and the
         # N x N distances with their condensed copy.
         parts["cacs gradients"] = (data.num_clients * (vector_bytes + sum(params) * FLOAT64_BYTES)
                                    + 2 * data.num_clients ** 2 * FLOAT64_BYTES)
     return parts
-
-
-def _num_samples(data, shape: DatasetShape) -> int:
-    if shape.num_samples is not None:
-        return shape.num_samples
-    if data.dataset == "shakespeare":
-        return data.num_clients * (data.shakespeare_train_samples + data.shakespeare_test_samples)
-    if data.dataset == "femnist":
-        return data.num_clients * FEMNIST_SAMPLES_PER_WRITER
-    return data.num_clients * data.synthetic_max_samples
 
 
 def physical_memory_bytes() -> int:

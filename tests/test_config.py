@@ -8,8 +8,9 @@ import typing
 
 import pytest
 
-from rayfed.config import MODELS, Config, all_keys, check_path, load_config, resolve
+from rayfed.config import Config, all_keys, check_path, load_config, resolve
 from rayfed.errors import ConfigError
+from rayfed.registry import MODELS
 
 
 def test_defaults_are_the_quick_start():
@@ -128,7 +129,7 @@ def test_bounds_are_inclusive_where_documented():
 
 
 def test_negative_zero_is_read_as_zero_and_generates_synthetic_data():
-    from rayfed.data.datasets import load_dataset
+    from rayfed.data import load_dataset
     config = load_config(None, ["data.synthetic_alpha=-0.0", "data.synthetic_beta=-0.0"])
     assert math.copysign(1.0, config.data.synthetic_alpha) == 1.0
     dataset = load_dataset("synthetic", num_clients=3, synthetic_alpha=config.data.synthetic_alpha,
@@ -172,7 +173,7 @@ def test_check_path_accepts_long_but_legal_paths():
     ("shakespeare", ["char_lstm"]),
 ])
 def test_models_are_checked_against_the_dataset_shape(dataset, fitting):
-    for model in MODELS[1:]:
+    for model in MODELS.names():
         overrides = [f"data.dataset={dataset}", "data.download=true", f"model.name={model}"]
         if model in fitting:
             assert load_config(None, overrides).model.name == model

@@ -13,7 +13,7 @@ import torchvision.datasets
 from rayfed.data import DATASETS, class_histogram, load_dataset, make_partition, missing_files
 from rayfed.config import load_config
 from rayfed.data import datasets
-from rayfed.data.datasets import required_files
+from rayfed.data import required_files
 from rayfed.errors import ConfigError
 from rayfed.seeding import Purpose, numpy_rng
 from rayfed.cli import main

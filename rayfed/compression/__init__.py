@@ -6,12 +6,11 @@ import torch
 from torch import Tensor
 
 from rayfed.compression.affine import Affine, AffineStochastic
-from rayfed.compression.base import FLOAT_BITS, Compressor, Message
+from rayfed.compression.base import FLOAT_BITS, Compressor, Message, register_compressor
 from rayfed.compression.identity import Identity
 from rayfed.compression.qsgd import QSGD
 from rayfed.compression.sparse import RandK, TopK
-
-COMPRESSORS = ("identity", "qsgd", "rand_k", "top_k", "affine", "affine_stochastic")
+from rayfed.registry import COMPRESSORS
 # Upload tensors "update:codes", "update:header" are the parts of the message that carries "update".
 MESSAGE_SEPARATOR = ":"
 
@@ -50,21 +49,11 @@ class PerTensor:
 def build_compressor(compression, blocks: list[tuple[int, int]]) -> Compressor:
     """The operator of the compression section (name, levels, kept, ratio, bits, zero_point_noise,
     per_tensor); `blocks` are the model's parameter tensors as (start, end) of the flat vector."""
-    name = compression.name
-    if name == "identity":
-        operator = Identity()
-    elif name == "qsgd":
-        operator = QSGD(compression.levels)
-    elif name in ("rand_k", "top_k"):
-        operator = (RandK if name == "rand_k" else TopK)(compression.kept, compression.ratio)
-    elif name == "affine":
-        operator = Affine(compression.bits, compression.zero_point_noise)
-    else:
-        operator = AffineStochastic(compression.bits)
+    operator = COMPRESSORS.get(compression.name).target(compression)
     return PerTensor(operator, blocks) if compression.per_tensor and blocks else operator
 
 
-__all__ = ["COMPRESSORS", "FLOAT_BITS", "MESSAGE_SEPARATOR", "decode_upload", "Affine", "AffineStochastic", "Compressor", "Identity", "Message",
+__all__ = ["register_compressor", "FLOAT_BITS", "MESSAGE_SEPARATOR", "decode_upload", "Affine", "AffineStochastic", "Compressor", "Identity", "Message",
            "PerTensor", "QSGD", "RandK", "TopK", "build_compressor"]
 
 

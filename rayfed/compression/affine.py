@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rayfed.compression.base import FLOAT_BITS, Message, uniforms
+from rayfed.compression.base import FLOAT_BITS, Message, register_compressor, uniforms
 
 # FedTorch's stand-in scale for a constant vector, whose range is 0.
 CONSTANT_SCALE = 0.001
@@ -80,3 +80,15 @@ class AffineStochastic:
     def decompress(self, message: Message, size: int) -> Tensor:
         lo, step = message.parts["header"]
         return lo + (message.parts["codes"].to(lo.dtype) + 2 ** (self.bits - 1)) * step
+
+
+@register_compressor("affine", keys={"bits": 8, "zero_point_noise": 0})
+def _affine(compression) -> Affine:
+    """b-bit affine quantisation with a zero point (FedCOM's code); zero_point_noise N_z makes it AffineNoisy."""
+    return Affine(compression.bits, compression.zero_point_noise)
+
+
+@register_compressor("affine_stochastic", keys={"bits": 8})
+def _affine_stochastic(compression) -> AffineStochastic:
+    """b-bit affine quantisation with stochastic rounding (unbiased)."""
+    return AffineStochastic(compression.bits)

@@ -8,10 +8,13 @@ their random draws come from the generator they are given, the client's own stre
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
+
+from rayfed.errors import ConfigError
+from rayfed.registry import COMPRESSORS
 
 FLOAT_BITS = 32
 INDEX_BITS = 32
@@ -37,3 +40,14 @@ class Compressor(Protocol):
 def uniforms(like: Tensor, generator: torch.Generator | None) -> Tensor:
     """U[0, 1) draws shaped like `like`, from `generator` on the CPU (the same bits on any device)."""
     return torch.rand(like.shape, generator=generator, dtype=torch.float64).to(like.device, like.dtype)
+
+
+def register_compressor(name: str, *, keys: dict[str, Any] | None = None):
+    """Registers a compressor builder `(compression section) -> Compressor` under `name`
+    (rayfed.register_compressor): compression.name then uses it. `keys`: the compression.* keys it
+    takes (of levels, kept, ratio, bits, zero_point_noise) and their defaults; the others must stay unset."""
+    def decorate(builder):
+        if not callable(builder):
+            raise ConfigError(f"register_compressor({name!r}) takes a function (compression section) -> Compressor")
+        return COMPRESSORS.register(name, keys=dict(keys or {}))(builder)
+    return decorate

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rayfed.compression.base import FLOAT_BITS, Message
+from rayfed.compression.base import FLOAT_BITS, Message, register_compressor
 
 
 class Identity:
@@ -18,3 +18,9 @@ class Identity:
 
     def decompress(self, message: Message, size: int) -> Tensor:
         return message.parts["values"]
+
+
+@register_compressor("identity")
+def _identity(compression) -> Identity:
+    """No compression: the update travels as float32."""
+    return Identity()

@@ -9,7 +9,7 @@ import math
 import torch
 from torch import Tensor
 
-from rayfed.compression.base import FLOAT_BITS, Message, uniforms
+from rayfed.compression.base import FLOAT_BITS, Message, register_compressor, uniforms
 
 
 class QSGD:
@@ -33,3 +33,9 @@ class QSGD:
     def decompress(self, message: Message, size: int) -> Tensor:
         norm = message.parts["norm"]
         return message.parts["levels"].to(norm.dtype) * (norm / self.levels)
+
+
+@register_compressor("qsgd", keys={"levels": 4})
+def _qsgd(compression) -> QSGD:
+    """QSGD (Alistarh et al., NeurIPS 2017) with s = compression.levels."""
+    return QSGD(compression.levels)

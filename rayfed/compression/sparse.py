@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rayfed.compression.base import FLOAT_BITS, INDEX_BITS, Message
+from rayfed.compression.base import FLOAT_BITS, INDEX_BITS, Message, register_compressor
 
 
 class _Sparse:
@@ -53,3 +53,15 @@ class TopK(_Sparse):
     def compress(self, x: Tensor, generator: torch.Generator | None = None) -> Message:
         indices = torch.sort(x.abs(), descending=True, stable=True).indices[:self.count(x.numel())].sort().values
         return self._message(x[indices], indices)
+
+
+@register_compressor("rand_k", keys={"kept": None, "ratio": 0.1})
+def _rand_k(compression) -> RandK:
+    """k random coordinates, scaled by d/k (unbiased)."""
+    return RandK(compression.kept, compression.ratio)
+
+
+@register_compressor("top_k", keys={"kept": None, "ratio": 0.1})
+def _top_k(compression) -> TopK:
+    """The k coordinates of largest magnitude (biased)."""
+    return TopK(compression.kept, compression.ratio)

@@ -1,6 +1,7 @@
 """Datasets as numpy arrays: readers for the official MNIST/CIFAR files, for the UCI digits
 scikit-learn ships and for LEAF's Shakespeare files (rayfed.data.shakespeare), and FedProx's Synthetic."""
 import dataclasses
+import functools
 from dataclasses import dataclass
 import gzip
 import importlib.util
@@ -13,16 +14,13 @@ import zlib
 
 import numpy as np
 
-from rayfed.data import femnist, shakespeare
+from rayfed.data.base import Dataset, register_dataset
 from rayfed.data.cifar_pickle import load_cifar_pickle, unwrap
 from rayfed.data.partition import Partition
 from rayfed.errors import ConfigError, first_line
 from rayfed.seeding import Purpose, numpy_rng
 
-DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100", "cifar10_random", "digits", "shakespeare",
-            "femnist")
-# Read from torchvision's files under data.root; data.normalize applies to these.
-TORCHVISION_DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100")
+# data.normalize: the torchvision images scaled by their channel statistics, or to [-1, 1] (`half`).
 NORMALIZATIONS = ("channel", "half")
 
 _IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
@@ -44,15 +42,19 @@ class _ImageSource:
     num_classes: int
     mean: tuple[float, ...]   # per channel, of x / 255
     std: tuple[float, ...]
+    input_shape: tuple[int, ...]
+    num_samples: int          # train + test
+    default_model: str        # the papers' model for it (GradMA's MLP, LeNet-5 and VGG-11)
 
 
 _IMAGE_SOURCES = {
-    "mnist": _ImageSource("MNIST/raw", _IDX_FILES, "MNIST", 10, (0.1307,), (0.3081,)),
-    "fashion_mnist": _ImageSource("FashionMNIST/raw", _IDX_FILES, "FashionMNIST", 10, (0.2860,), (0.3530,)),
+    "mnist": _ImageSource("MNIST/raw", _IDX_FILES, "MNIST", 10, (0.1307,), (0.3081,), (1, 28, 28), 70_000, "mlp"),
+    "fashion_mnist": _ImageSource("FashionMNIST/raw", _IDX_FILES, "FashionMNIST", 10, (0.2860,), (0.3530,),
+                                  (1, 28, 28), 70_000, "mlp"),
     "cifar10": _ImageSource("cifar-10-batches-py", (*_CIFAR10_TRAIN_FILES, "test_batch"), "CIFAR10", 10,
-                            (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
+                            (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010), (3, 32, 32), 60_000, "lenet5"),
     "cifar100": _ImageSource("cifar-100-python", ("train", "test"), "CIFAR100", 100,
-                             (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+                             (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), (3, 32, 32), 60_000, "vgg11"),
 }
 
 SYNTHETIC_DIMENSION = 60
@@ -80,33 +82,8 @@ DIGITS_MEAN = 4.8822
 DIGITS_STD = 6.0185
 
 
-@dataclass
-class Dataset:
-    name: str
-    train_x: np.ndarray
-    train_y: np.ndarray
-    test_x: np.ndarray
-    test_y: np.ndarray
-    num_classes: int
-    input_shape: tuple[int, ...]
-    # synthetic: the training rows each generated client owns; shakespeare: each speaking role's crop
-    natural_partition: Partition | None = None
-
-
-def _source(name: str) -> _ImageSource | None:
-    """Where under data.root the dataset's files are; None for data that is not read from there."""
-    if name in ("synthetic", "cifar10_random", "digits", "shakespeare", "femnist"):
-        return None
-    if name not in _IMAGE_SOURCES:
-        raise ConfigError(f"data.dataset={name!r} is not one of {', '.join(DATASETS)}")
-    return _IMAGE_SOURCES[name]
-
-
-def required_files(name: str, root: str) -> list[pathlib.Path]:
-    """The files the reader needs (MNIST-style files may also be present as .gz); [] for generated data."""
-    source = _source(name)
-    if source is None:
-        return []
+def _image_files(source: _ImageSource, root: str) -> list[pathlib.Path]:
+    """The files the reader needs (MNIST-style files may also be present as .gz)."""
     folder = pathlib.Path(root) / source.folder
     return [folder / file_name for file_name in source.files]
 
@@ -120,16 +97,8 @@ def _existing_variant(path: pathlib.Path) -> pathlib.Path | None:
     return None
 
 
-def missing_files(name: str, root: str) -> list[pathlib.Path]:
-    """The required files that are absent. For digits, shakespeare and femnist, whose files are beyond
-    data.download's reach, their absence raises the ConfigError that says how to get them instead."""
-    if name == "digits":
-        digits_file()
-    if name == "shakespeare":
-        shakespeare.check_files(root)
-    if name == "femnist":
-        femnist.check_files(root)
-    return [path for path in required_files(name, root) if _existing_variant(path) is None]
+def _missing_image_files(source: _ImageSource, root: str) -> list[pathlib.Path]:
+    return [path for path in _image_files(source, root) if _existing_variant(path) is None]
 
 
 def _sklearn_folder() -> pathlib.Path | None:
@@ -153,48 +122,70 @@ def digits_file() -> pathlib.Path:
     return path
 
 
-def load_dataset(name: str, *, root: str = "./data", download: bool = False, seed: int = 0,
-                 num_clients: int = 100, synthetic_alpha: float = 1.0, synthetic_beta: float = 1.0,
-                 synthetic_max_samples: int = 1000, partition: str = "natural", shakespeare_train_samples: int = 2000,
-                 shakespeare_test_samples: int = 400, normalize: str = "channel") -> Dataset:
-    """`normalize`: the torchvision images scaled by their channel statistics, or to [-1, 1] (`half`)."""
-    if name == "cifar10_random":
-        return _generate_random_images(seed)
-    if name == "digits":
-        return _load_digits()
-    if name == "shakespeare":
-        return _load_shakespeare(root, download, seed, num_clients, partition == "iid", shakespeare_train_samples,
-                                 shakespeare_test_samples)
-    if name == "femnist":
-        femnist.check_files(root, download)
-        *arrays, natural = femnist.load_clients(root, seed=seed, num_clients=num_clients, iid=partition == "iid")
-        return Dataset("femnist", *arrays, num_classes=femnist.NUM_CLASSES, input_shape=femnist.IMAGE_SHAPE,
-                       natural_partition=natural)
-    source = _source(name)
-    if source is None:
-        return _generate_synthetic(seed, num_clients, synthetic_alpha, synthetic_beta, synthetic_max_samples)
-
-    missing = missing_files(name, root)
-    if missing and download:
-        _download(name, source, root, missing)
-        missing = missing_files(name, root)
+def _read_images(name: str, source: _ImageSource, data) -> Dataset:
+    """torchvision's files of `name` under data.root (downloaded with data.download), scaled by the
+    channel statistics or, with data.normalize=half, to [-1, 1]."""
+    missing = _missing_image_files(source, data.root)
+    if missing and data.download:
+        _download(name, source, data.root, missing)
+        missing = _missing_image_files(source, data.root)
     if missing:
         raise ConfigError(f"{name} files missing under {missing[0].parent}: "
                           f"{', '.join(path.name for path in missing)} "
                           "(put the official files there, or set data.download=true)")
 
-    files = [_existing_variant(path) for path in required_files(name, root)]
+    files = [_existing_variant(path) for path in _image_files(source, data.root)]
     if source.files == _IDX_FILES:
         train_x, train_y, test_x, test_y = _read_idx_dataset(*files, num_classes=source.num_classes)
     else:
         train_x, train_y, test_x, test_y = _read_cifar_dataset(files, name, source.num_classes)
 
-    if normalize == "half":
+    if data.normalize == "half":
         channels = len(source.mean)
         source = dataclasses.replace(source, mean=(0.5,) * channels, std=(0.5,) * channels)
     return Dataset(name=name, train_x=_normalise(train_x, source), train_y=train_y,
                    test_x=_normalise(test_x, source), test_y=test_y,
                    num_classes=source.num_classes, input_shape=tuple(train_x.shape[1:]))
+
+
+def _register_image_dataset(name: str, source: _ImageSource) -> None:
+    def load(data, seed: int) -> Dataset:
+        return _read_images(name, source, data)
+    register_dataset(name, input_shape=source.input_shape, num_classes=source.num_classes,
+                     default_model=source.default_model, num_samples=source.num_samples,
+                     required_files=functools.partial(_image_files, source),
+                     missing_files=functools.partial(_missing_image_files, source), normalizable=True)(load)
+
+
+@register_dataset("synthetic", input_shape=(SYNTHETIC_DIMENSION,), num_classes=SYNTHETIC_CLASSES,
+                  default_model="logreg", natural=True,
+                  num_samples=lambda data: data.num_clients * data.synthetic_max_samples)
+def _synthetic(data, seed: int) -> Dataset:
+    """FedProx's Synthetic(alpha, beta) (Li et al., MLSys 2020): one generated client per data.num_clients."""
+    return _generate_synthetic(seed, data.num_clients, data.synthetic_alpha, data.synthetic_beta,
+                               data.synthetic_max_samples)
+
+
+for _name, _image_source in _IMAGE_SOURCES.items():
+    _register_image_dataset(_name, _image_source)
+
+
+@register_dataset("cifar10_random", input_shape=RANDOM_IMAGE_SHAPE, num_classes=RANDOM_CLASSES, default_model="lenet5",
+                  num_samples=RANDOM_TRAIN_SIZE + RANDOM_TEST_SIZE)
+def _cifar10_random(data, seed: int) -> Dataset:
+    return _generate_random_images(seed)
+
+
+@register_dataset("digits", input_shape=DIGITS_IMAGE_SHAPE, num_classes=DIGITS_CLASSES, default_model="mlp",
+                  num_samples=DIGITS_SAMPLES, missing_files=lambda root: _digits_missing())
+def _digits(data, seed: int) -> Dataset:
+    return _load_digits()
+
+
+def _digits_missing() -> list[pathlib.Path]:
+    """None that data.download could fetch: scikit-learn's own file, or the line saying how to get it."""
+    digits_file()
+    return []
 
 
 def _download(name: str, source: _ImageSource, root: str, missing: list[pathlib.Path]) -> None:
@@ -431,15 +422,6 @@ def _read_digits_table(path: pathlib.Path) -> np.ndarray:
         raise _bad_file(path, f"holds pixel values outside [0, {DIGITS_MAX_PIXEL}] (from {low} to {high})")
     _check_label_range(int(table[:, -1].min()), int(table[:, -1].max()), DIGITS_CLASSES, path)
     return table
-
-
-def _load_shakespeare(root: str, download: bool, seed: int, num_clients: int, iid: bool, train_samples: int,
-                      test_samples: int) -> Dataset:
-    shakespeare.check_files(root, download)
-    *arrays, natural = shakespeare.load_clients(root, seed=seed, num_clients=num_clients, iid=iid,
-                                                train_samples=train_samples, test_samples=test_samples)
-    return Dataset("shakespeare", *arrays, num_classes=shakespeare.NUM_CHARACTERS,
-                   input_shape=(shakespeare.SEQUENCE_LENGTH,), natural_partition=natural)
 
 
 def _generate_random_images(seed: int) -> Dataset:

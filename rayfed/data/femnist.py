@@ -10,6 +10,7 @@ import pathlib
 import numpy as np
 
 from rayfed.data import leaf
+from rayfed.data.base import Dataset, register_dataset
 from rayfed.data.partition import Partition
 from rayfed.errors import ConfigError
 from rayfed.seeding import Purpose, numpy_rng
@@ -78,3 +79,23 @@ def _writer_samples(path: pathlib.Path, user: str, entry, count: int) -> Samples
         raise leaf.bad_file(path, f"user {user!r} has an image (x) with a NaN or infinite value", _REBUILD)
     digits = labels < NUM_CLASSES
     return images[digits].reshape(-1, *IMAGE_SHAPE), labels[digits]
+
+
+# Far above LEAF's FEMNIST writers' digit samples (about 100 on average, train and test): a bound for the memory check.
+SAMPLES_PER_WRITER = 500
+
+
+def _missing(root: str) -> list[pathlib.Path]:
+    """LEAF's files are beyond data.download's reach: their absence is the line saying how to make them."""
+    check_files(root)
+    return []
+
+
+@register_dataset("femnist", input_shape=IMAGE_SHAPE, num_classes=NUM_CLASSES, default_model="relu_mlp", natural=True,
+                  partitions=("natural", "iid"), missing_files=_missing,
+                  num_samples=lambda data: data.num_clients * SAMPLES_PER_WRITER)
+def _femnist(data, seed: int) -> Dataset:
+    """LEAF's FEMNIST digits (Caldas et al., 2018), one client per writer."""
+    check_files(data.root, data.download)
+    *arrays, natural = load_clients(data.root, seed=seed, num_clients=data.num_clients, iid=data.partition == "iid")
+    return Dataset("femnist", *arrays, num_classes=NUM_CLASSES, input_shape=IMAGE_SHAPE, natural_partition=natural)

@@ -5,9 +5,9 @@ import pathlib
 import numpy as np
 
 from rayfed.errors import ConfigError
+from rayfed.registry import PARTITIONERS
 from rayfed.seeding import Purpose, numpy_rng
 
-PARTITIONS = ("natural", "iid", "dirichlet", "feddyn", "moon", "shards", "fedmos")
 IID_MIN_PER_CLIENT = 1
 DIRICHLET_MIN_PER_CLIENT = 2
 MOON_MIN_PER_CLIENT = 10   # MOON's min_require_size
@@ -299,67 +299,127 @@ def check_fedmos_clients(dataset: str | None, num_clients: int) -> None:
                           f"fixed sizes ({sizes}); set data.num_clients={FEDMOS_CIFAR_CLIENTS}, not {num_clients}")
 
 
+@dataclass(frozen=True)
+class PartitionRequest:
+    """What a partitioner splits: the training labels among `num_clients`, drawing from `rng` (the
+    stream (seed, PARTITION)), with the data section's `alpha` and `shards_per_client`; `natural` is
+    the dataset's own split (None where it has none), `dataset` its name."""
+
+    labels: np.ndarray
+    num_classes: int
+    num_clients: int
+    rng: np.random.Generator
+    alpha: float = 0.1
+    shards_per_client: int = 2
+    natural: Partition | None = None
+    dataset: str | None = None
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.labels)
+
+
+def register_partitioner(name: str, *, check=None):
+    """Registers a partitioner `(PartitionRequest) -> Partition` under `name` (rayfed.register_partitioner):
+    data.partition then uses it. `check(data)`, given the config's data section, refuses a request it
+    cannot satisfy before anything is loaded (ConfigError)."""
+    def decorate(partitioner):
+        if not callable(partitioner):
+            raise ConfigError(f"register_partitioner({name!r}) takes a function (PartitionRequest) -> Partition")
+        return PARTITIONERS.register(name, check=check)(partitioner)
+    return decorate
+
+
 def make_partition(kind: str, labels: np.ndarray, num_classes: int, num_clients: int, seed: int, *,
                    alpha: float = 0.1, shards_per_client: int = 2, natural: Partition | None = None,
                    dataset: str | None = None) -> Partition:
     """Check the request is feasible (ConfigError otherwise), then partition with the PARTITION stream.
 
     `dataset` (data.dataset) only matters to fedmos, whose rule for CIFAR-10 differs."""
-    num_samples = len(labels)
-    if kind not in PARTITIONS:
-        raise ConfigError(f"data.partition={kind!r} is not one of {', '.join(PARTITIONS)}")
+    partitioner = PARTITIONERS.get(kind).target
     if num_clients < 1:
         raise ConfigError(f"data.num_clients={num_clients} must be at least 1")
+    return partitioner(PartitionRequest(labels, num_classes, num_clients, numpy_rng(seed, Purpose.PARTITION), alpha,
+                                        shards_per_client, natural, dataset))
 
-    if kind == "natural":
-        if natural is None:
-            raise ConfigError("data.partition=natural is only available for the synthetic dataset")
-        if natural.num_clients != num_clients:
-            raise ConfigError(f"data.num_clients={num_clients} differs from the {natural.num_clients} clients "
-                              "the dataset was generated with; regenerate it with the same number")
-        return natural
 
-    if kind in ("dirichlet", "feddyn", "moon") and not alpha > 0:
-        raise ConfigError(f"data.alpha={alpha} must be a positive number")
-    rng = numpy_rng(seed, Purpose.PARTITION)
-    if kind == "iid":
-        _require_samples_per_client(num_samples, num_clients, IID_MIN_PER_CLIENT)
-        return partition_iid(num_samples, num_clients, rng)
-    if kind == "dirichlet":
-        _require_samples_per_client(num_samples, num_clients, DIRICHLET_MIN_PER_CLIENT)
-        return partition_dirichlet(labels, num_classes, num_clients, alpha, rng)
-    if kind == "feddyn":
-        _require_samples_per_client(num_samples, num_clients, 1)
-        return partition_feddyn(labels, num_classes, num_clients, alpha, rng)
-    if kind == "moon":
-        if num_samples < num_clients * MOON_MIN_PER_CLIENT:
-            raise ConfigError(f"data.num_clients={num_clients} is too many for {num_samples} training samples with "
-                              f"data.partition=moon (each client needs at least {MOON_MIN_PER_CLIENT}, whatever "
-                              f"data.alpha); use at most {num_samples // MOON_MIN_PER_CLIENT} clients")
-        partition = partition_moon(labels, num_classes, num_clients, alpha, rng)
-        if partition is None:
-            raise ConfigError(f"data.partition=moon found no split giving each of data.num_clients={num_clients} "
-                              f"clients at least {MOON_MIN_PER_CLIENT} samples in {MOON_MAX_ATTEMPTS} draws at "
-                              f"data.alpha={alpha}; use fewer clients or a larger data.alpha")
-        return partition
-    if kind == "fedmos":
-        if num_classes != FEDMOS_CLASSES:
-            raise ConfigError(f"data.partition=fedmos is defined for 10-class datasets, not {num_classes} classes"
-                              + (f" (data.dataset={dataset})" if dataset else "") + "; use dirichlet or shards")
-        check_fedmos_clients(dataset, num_clients)
-        partition = partition_fedmos(labels, num_clients, rng, cifar=dataset in FEDMOS_CIFAR_DATASETS)
-        if isinstance(partition, int):
-            raise ConfigError(f"data.partition=fedmos: the {num_samples} samples run out after client {partition} "
-                              f"of {num_clients}; lower data.num_clients")
-        return partition
+@register_partitioner("natural")
+def _natural(request: PartitionRequest) -> Partition:
+    """The dataset's own clients (Synthetic's generated ones, LEAF's roles and writers)."""
+    if request.natural is None:
+        raise ConfigError("data.partition=natural is only available for the synthetic dataset")
+    if request.natural.num_clients != request.num_clients:
+        raise ConfigError(f"data.num_clients={request.num_clients} differs from the {request.natural.num_clients} "
+                          "clients the dataset was generated with; regenerate it with the same number")
+    return request.natural
 
+
+@register_partitioner("iid")
+def _iid(request: PartitionRequest) -> Partition:
+    _require_samples_per_client(request.num_samples, request.num_clients, IID_MIN_PER_CLIENT)
+    return partition_iid(request.num_samples, request.num_clients, request.rng)
+
+
+def _require_alpha(request: PartitionRequest) -> None:
+    if not request.alpha > 0:
+        raise ConfigError(f"data.alpha={request.alpha} must be a positive number")
+
+
+@register_partitioner("dirichlet")
+def _dirichlet(request: PartitionRequest) -> Partition:
+    _require_alpha(request)
+    _require_samples_per_client(request.num_samples, request.num_clients, DIRICHLET_MIN_PER_CLIENT)
+    return partition_dirichlet(request.labels, request.num_classes, request.num_clients, request.alpha, request.rng)
+
+
+@register_partitioner("feddyn")
+def _feddyn(request: PartitionRequest) -> Partition:
+    _require_alpha(request)
+    _require_samples_per_client(request.num_samples, request.num_clients, 1)
+    return partition_feddyn(request.labels, request.num_classes, request.num_clients, request.alpha, request.rng)
+
+
+@register_partitioner("moon")
+def _moon(request: PartitionRequest) -> Partition:
+    _require_alpha(request)
+    num_samples, num_clients, alpha = request.num_samples, request.num_clients, request.alpha
+    if num_samples < num_clients * MOON_MIN_PER_CLIENT:
+        raise ConfigError(f"data.num_clients={num_clients} is too many for {num_samples} training samples with "
+                          f"data.partition=moon (each client needs at least {MOON_MIN_PER_CLIENT}, whatever "
+                          f"data.alpha); use at most {num_samples // MOON_MIN_PER_CLIENT} clients")
+    partition = partition_moon(request.labels, request.num_classes, num_clients, alpha, request.rng)
+    if partition is None:
+        raise ConfigError(f"data.partition=moon found no split giving each of data.num_clients={num_clients} "
+                          f"clients at least {MOON_MIN_PER_CLIENT} samples in {MOON_MAX_ATTEMPTS} draws at "
+                          f"data.alpha={alpha}; use fewer clients or a larger data.alpha")
+    return partition
+
+
+@register_partitioner("shards")
+def _shards(request: PartitionRequest) -> Partition:
+    num_samples, num_clients, shards_per_client = request.num_samples, request.num_clients, request.shards_per_client
     if shards_per_client < 1:
         raise ConfigError(f"data.shards_per_client={shards_per_client} must be at least 1")
     if num_clients * shards_per_client > num_samples:
         raise ConfigError(f"data.shards_per_client={shards_per_client} with data.num_clients={num_clients} asks for "
                           f"{num_clients * shards_per_client} shards but there are only {num_samples} training "
                           "samples; lower one of them")
-    return partition_shards(labels, num_clients, shards_per_client, rng)
+    return partition_shards(request.labels, num_clients, shards_per_client, request.rng)
+
+
+@register_partitioner("fedmos", check=lambda data: check_fedmos_clients(data.dataset, data.num_clients))
+def _fedmos(request: PartitionRequest) -> Partition:
+    """FedMoS's sampling (Wang et al., INFOCOM 2023, Section VII): two classes a client, or CIFAR's size list."""
+    dataset, num_clients = request.dataset, request.num_clients
+    if request.num_classes != FEDMOS_CLASSES:
+        raise ConfigError(f"data.partition=fedmos is defined for 10-class datasets, not {request.num_classes} classes"
+                          + (f" (data.dataset={dataset})" if dataset else "") + "; use dirichlet or shards")
+    check_fedmos_clients(dataset, num_clients)
+    partition = partition_fedmos(request.labels, num_clients, request.rng, cifar=dataset in FEDMOS_CIFAR_DATASETS)
+    if isinstance(partition, int):
+        raise ConfigError(f"data.partition=fedmos: the {request.num_samples} samples run out after client {partition} "
+                          f"of {num_clients}; lower data.num_clients")
+    return partition
 
 
 def _require_samples_per_client(num_samples: int, num_clients: int, min_per_client: int) -> None:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import pathlib
 
 import numpy as np
+import torch
 
 from rayfed.data import leaf
+from rayfed.data.base import Dataset, register_dataset
 from rayfed.data.partition import Partition
 from rayfed.errors import ConfigError
 from rayfed.seeding import Purpose, numpy_rng
@@ -133,3 +135,23 @@ def _tokens(path: pathlib.Path, user: str, key: str, texts: list, length: int) -
 
 def _bad_file(path: pathlib.Path, problem: str) -> ConfigError:
     return leaf.bad_file(path, problem, _REBUILD)
+
+
+def _missing(root: str) -> list[pathlib.Path]:
+    """LEAF's files are beyond data.download's reach: their absence is the line saying how to make them."""
+    check_files(root)
+    return []
+
+
+@register_dataset("shakespeare", input_shape=(SEQUENCE_LENGTH,), num_classes=NUM_CHARACTERS, default_model="char_lstm",
+                  input_dtype=torch.int64, natural=True, partitions=("natural", "iid"), missing_files=_missing,
+                  num_samples=lambda data: data.num_clients * (data.shakespeare_train_samples
+                                                               + data.shakespeare_test_samples))
+def _shakespeare(data, seed: int) -> Dataset:
+    """LEAF's Shakespeare (Caldas et al., 2018): next-character prediction, one client per speaking role."""
+    check_files(data.root, data.download)
+    *arrays, natural = load_clients(data.root, seed=seed, num_clients=data.num_clients, iid=data.partition == "iid",
+                                    train_samples=data.shakespeare_train_samples,
+                                    test_samples=data.shakespeare_test_samples)
+    return Dataset("shakespeare", *arrays, num_classes=NUM_CHARACTERS, input_shape=(SEQUENCE_LENGTH,),
+                   natural_partition=natural)

@@ -16,6 +16,7 @@ from rayfed.algorithms.base import AlgorithmContext, build_algorithm, check_stat
 from rayfed.config import Config
 from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult
 from rayfed.engine.process_memory import peak_rss
+from rayfed.registry import SELECTORS
 from rayfed.engine.worker import as_tensor, device_for, tensors_to, threads_per_process
 from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, derive_seed, numpy_rng, torch_generator
@@ -294,7 +295,7 @@ class Server:
         return counted, [arrival.client_id for arrival in arrivals], extra, finished_at
 
     def needs_warmup(self) -> bool:
-        return self.config.selection.selector == "cacs" and self.client_order is None
+        return SELECTORS.get(self.config.selection.selector).warmup and self.client_order is None
 
     def begin_warmup(self) -> tuple[list[int], int]:
         """CACS's warm-up (specs/fedmos.md §3.7): (every client, the number of warm-up rounds). They

@@ -2,17 +2,31 @@
 char_lstm (specs/fedlalr.md §5.3) and cnn8 for 8x8 images."""
 from __future__ import annotations
 
+import inspect
 import math
 
 from torch import Tensor, nn
 
 from rayfed.errors import ConfigError
+from rayfed.registry import MODELS
 
 
+def register_model(name: str):
+    """Registers a model builder `(input_shape, num_classes[, hidden_sizes]) -> nn.Module` under
+    `name` (rayfed.register_model): model.name then builds it."""
+    def decorate(builder):
+        if not callable(builder):
+            raise ConfigError(f"register_model({name!r}) takes a function or class that builds an nn.Module")
+        return MODELS.register(name)(builder)
+    return decorate
+
+
+@register_model("logreg")
 def logreg(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
 
 
+@register_model("mlp")
 def mlp(input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int]) -> nn.Module:
     """The authors' TinyNN (spec A14): Linear -> BN1d -> ReLU per hidden layer, then Linear.
     With hidden_sizes [200, 100] on MNIST this is 784-200-100-10, d ~ 178.7k."""
@@ -25,6 +39,7 @@ def mlp(input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int])
     return nn.Sequential(*layers)
 
 
+@register_model("relu_mlp")
 def relu_mlp(input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int]) -> nn.Module:
     """Linear -> ReLU per hidden layer, then Linear, without BatchNorm: FedCOM's MLP (specs/fedcom.md
     §5.1; hidden_sizes [200, 200] on MNIST is 784-200-200-10, d = 199,210)."""
@@ -37,22 +52,16 @@ def relu_mlp(input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[
     return nn.Sequential(*layers)
 
 
-def cnn8(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """A small CNN for the 8x8 UCI digits: two 3x3 conv blocks with BN, each halving the side, then
-    FC 64. d = 13,802 on 1x8x8 with 10 classes; larger images only widen the first Linear. No
-    dropout, so that nothing but its BatchNorm keeps engine.vectorize from batching it."""
-    channels, height, width = _image_shape(input_shape)
-    if height < 8 or width < 8:
-        raise ConfigError(f"model.name=cnn8 needs images of at least 8x8, got {height}x{width}")
-    return nn.Sequential(
-        nn.Conv2d(channels, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(32 * (height // 4) * (width // 4), 64), nn.ReLU(),
-        nn.Linear(64, num_classes),
-    )
+def _after_blocks(height: int, width: int, name: str, *blocks: tuple[int, int]) -> tuple[int, int]:
+    """The image side after unpadded convs of the given kernels, each followed by pooling by the given factor."""
+    for kernel, pool in blocks:
+        height, width = (height - kernel + 1) // pool, (width - kernel + 1) // pool
+        if height < 1 or width < 1:
+            raise ConfigError(f"model.name={name} needs larger images")
+    return height, width
 
 
+@register_model("lenet5")
 def lenet5(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """The authors' CIFAR LeNet-5 variant (spec A15): 32/64 channels, BN, FC 512-128, dropout 0.5.
     d ~ 0.94M on 3x32x32."""
@@ -70,59 +79,6 @@ def lenet5(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     )
 
 
-def mnist_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """FedMoS's MNIST CNN (specs/fedmos.md §7.3, the authors' code): two 5x5 conv blocks of 10 and
-    20 channels, the second with Dropout2d, then FC 50 with dropout. d = 21,840 on 1x28x28."""
-    channels, height, width = _image_shape(input_shape)
-    side_h, side_w = _after_blocks(height, width, "mnist_cnn", (5, 2), (5, 2))
-    return nn.Sequential(
-        nn.Conv2d(channels, 10, 5), nn.MaxPool2d(2), nn.ReLU(),
-        nn.Conv2d(10, 20, 5), nn.Dropout2d(0.5), nn.MaxPool2d(2), nn.ReLU(),
-        nn.Flatten(),
-        nn.Linear(20 * side_h * side_w, 50), nn.ReLU(), nn.Dropout(0.5),
-        nn.Linear(50, num_classes),
-    )
-
-
-def cifar_cnn3fc(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """FedMoS's CIFAR model as its paper describes it (§7.3, "three fully connected layers"): the
-    classic LeNet-5, conv 6 and 16 channels, FC 120-84. d = 62,006 on 3x32x32."""
-    channels, height, width = _image_shape(input_shape)
-    side_h, side_w = _after_blocks(height, width, "cifar_cnn3fc", (5, 2), (5, 2))
-    return nn.Sequential(
-        nn.Conv2d(channels, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(16 * side_h * side_w, 120), nn.ReLU(),
-        nn.Linear(120, 84), nn.ReLU(),
-        nn.Linear(84, num_classes),
-    )
-
-
-def cifar_cnn_ref(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """FedMoS's CIFAR model as the authors' code has it (§7.3): three 3x3 convs of 32-64-64 channels
-    with dropout 0.2, FC 64. d = 122,570 on 3x32x32."""
-    channels, height, width = _image_shape(input_shape)
-    side_h, side_w = _after_blocks(height, width, "cifar_cnn_ref", (3, 2), (3, 2), (3, 1))
-    return nn.Sequential(
-        nn.Conv2d(channels, 32, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Dropout(0.2),
-        nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Dropout(0.2),
-        nn.Conv2d(64, 64, 3), nn.Dropout(0.2),
-        nn.Flatten(),
-        nn.Linear(64 * side_h * side_w, 64), nn.ReLU(),
-        nn.Linear(64, num_classes),
-    )
-
-
-def _after_blocks(height: int, width: int, name: str, *blocks: tuple[int, int]) -> tuple[int, int]:
-    """The image side after unpadded convs of the given kernels, each followed by pooling by the given factor."""
-    for kernel, pool in blocks:
-        height, width = (height - kernel + 1) // pool, (width - kernel + 1) // pool
-        if height < 1 or width < 1:
-            raise ConfigError(f"model.name={name} needs larger images")
-    return height, width
-
-
 class SpatialMean(nn.Module):
     """Global average pooling to 1x1, as AdaptiveAvgPool2d(1) computes it, but with a deterministic
     CUDA backward (AdaptiveAvgPool2d's uses atomic adds, which deterministic mode refuses)."""
@@ -131,6 +87,7 @@ class SpatialMean(nn.Module):
         return images.mean(dim=(2, 3), keepdim=True)
 
 
+@register_model("vgg11")
 def vgg11(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """The authors' VGG-11 (spec A16): configuration "A" conv stack with BN, head 512-128 with dropout.
     d ~ 9.30M on 3x32x32 with 100 classes."""
@@ -147,6 +104,23 @@ def vgg11(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
                          nn.Dropout(0.5), nn.Linear(128, num_classes))
 
 
+@register_model("cnn8")
+def cnn8(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """A small CNN for the 8x8 UCI digits: two 3x3 conv blocks with BN, each halving the side, then
+    FC 64. d = 13,802 on 1x8x8 with 10 classes; larger images only widen the first Linear. No
+    dropout, so that nothing but its BatchNorm keeps engine.vectorize from batching it."""
+    channels, height, width = _image_shape(input_shape)
+    if height < 8 or width < 8:
+        raise ConfigError(f"model.name=cnn8 needs images of at least 8x8, got {height}x{width}")
+    return nn.Sequential(
+        nn.Conv2d(channels, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * (height // 4) * (width // 4), 64), nn.ReLU(),
+        nn.Linear(64, num_classes),
+    )
+
+
 class Residual(nn.Module):
     def __init__(self, inner: nn.Module):
         super().__init__()
@@ -156,6 +130,7 @@ class Residual(nn.Module):
         return self.inner(inputs) + inputs
 
 
+@register_model("convmixer")
 def convmixer(input_shape: tuple[int, ...], num_classes: int, width: int = 256, depth: int = 8,
               kernel_size: int = 5, patch_size: int = 2) -> nn.Module:
     """ConvMixer-256/8 with kernel 5 and patch 2, the FedLALR paper's CIFAR model (spec §5.4; the
@@ -191,6 +166,7 @@ class CharLSTM(nn.Module):
         return self.head(outputs[:, -1])
 
 
+@register_model("char_lstm")
 def char_lstm(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Inputs are sequences of character tokens and the classes are the next character, so the
     vocabulary is the classes."""
@@ -200,21 +176,61 @@ def char_lstm(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return CharLSTM(num_classes)
 
 
-# The MLPs take model.hidden_sizes; every other model is built from the input shape and the class count alone.
-_WIDTH_BUILDERS = {"mlp": mlp, "relu_mlp": relu_mlp}
-_BUILDERS = {"logreg": logreg, "lenet5": lenet5, "vgg11": vgg11, "cnn8": cnn8, "convmixer": convmixer,
-             "char_lstm": char_lstm, "mnist_cnn": mnist_cnn, "cifar_cnn3fc": cifar_cnn3fc,
-             "cifar_cnn_ref": cifar_cnn_ref}
-MODEL_NAMES = ("logreg", *_WIDTH_BUILDERS, *(name for name in _BUILDERS if name != "logreg"))
+@register_model("mnist_cnn")
+def mnist_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """FedMoS's MNIST CNN (specs/fedmos.md §7.3, the authors' code): two 5x5 conv blocks of 10 and
+    20 channels, the second with Dropout2d, then FC 50 with dropout. d = 21,840 on 1x28x28."""
+    channels, height, width = _image_shape(input_shape)
+    side_h, side_w = _after_blocks(height, width, "mnist_cnn", (5, 2), (5, 2))
+    return nn.Sequential(
+        nn.Conv2d(channels, 10, 5), nn.MaxPool2d(2), nn.ReLU(),
+        nn.Conv2d(10, 20, 5), nn.Dropout2d(0.5), nn.MaxPool2d(2), nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(20 * side_h * side_w, 50), nn.ReLU(), nn.Dropout(0.5),
+        nn.Linear(50, num_classes),
+    )
+
+
+@register_model("cifar_cnn3fc")
+def cifar_cnn3fc(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """FedMoS's CIFAR model as its paper describes it (§7.3, "three fully connected layers"): the
+    classic LeNet-5, conv 6 and 16 channels, FC 120-84. d = 62,006 on 3x32x32."""
+    channels, height, width = _image_shape(input_shape)
+    side_h, side_w = _after_blocks(height, width, "cifar_cnn3fc", (5, 2), (5, 2))
+    return nn.Sequential(
+        nn.Conv2d(channels, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(16 * side_h * side_w, 120), nn.ReLU(),
+        nn.Linear(120, 84), nn.ReLU(),
+        nn.Linear(84, num_classes),
+    )
+
+
+@register_model("cifar_cnn_ref")
+def cifar_cnn_ref(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """FedMoS's CIFAR model as the authors' code has it (§7.3): three 3x3 convs of 32-64-64 channels
+    with dropout 0.2, FC 64. d = 122,570 on 3x32x32."""
+    channels, height, width = _image_shape(input_shape)
+    side_h, side_w = _after_blocks(height, width, "cifar_cnn_ref", (3, 2), (3, 2), (3, 1))
+    return nn.Sequential(
+        nn.Conv2d(channels, 32, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Dropout(0.2),
+        nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Dropout(0.2),
+        nn.Conv2d(64, 64, 3), nn.Dropout(0.2),
+        nn.Flatten(),
+        nn.Linear(64 * side_h * side_w, 64), nn.ReLU(),
+        nn.Linear(64, num_classes),
+    )
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
                 hidden_sizes: list[int] = (200, 100)) -> nn.Module:
-    if name in _WIDTH_BUILDERS:
-        return _WIDTH_BUILDERS[name](input_shape, num_classes, list(hidden_sizes))
-    if name not in _BUILDERS:
-        raise ConfigError(f"model.name={name!r} is not one of: {', '.join(MODEL_NAMES)}")
-    return _BUILDERS[name](input_shape, num_classes)
+    """The registered model `name` for inputs of `input_shape` and `num_classes` classes; builders
+    that declare a `hidden_sizes` parameter get model.hidden_sizes."""
+    entry = MODELS.get(name)
+    if "hidden_sizes" in inspect.signature(entry.target).parameters:
+        return entry.target(input_shape, num_classes, hidden_sizes=list(hidden_sizes))
+    return entry.target(input_shape, num_classes)
 
 
 def _image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:

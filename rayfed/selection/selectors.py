@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rayfed.errors import ConfigError
+from rayfed.registry import SELECTORS
 from rayfed.selection.table import acs_table
 
-SELECTORS = ("uniform", "md", "acs", "ucs", "cacs")
 UCS_VARIANTS = ("paper", "reference_code")
 
 
@@ -29,33 +30,85 @@ class Selection:
     weights: np.ndarray | None      # aggregation weight of each of `clients`; None: the algorithm's own
 
 
+@dataclass(frozen=True)
+class SelectionRequest:
+    """One round's draw: `size` draws (S, the paper's M) among `candidates` (the online clients' ids),
+    whose sample counts are `counts`, from the stream (seed, round); `ucs_variant` (selection.ucs_variant)
+    and `order` (CACS's order of all clients, from its warm-up) for the selectors that use them."""
+
+    candidates: np.ndarray
+    counts: np.ndarray
+    size: int
+    rng: np.random.Generator
+    ucs_variant: str = "paper"
+    order: np.ndarray | None = None
+
+    @property
+    def importances(self) -> np.ndarray:
+        """p_i = D_i / sum_j D_j over the candidates."""
+        return np.asarray(self.counts, dtype=np.float64) / np.sum(self.counts)
+
+
+def register_selector(name: str, *, warmup: bool = False, unit_weight_sum: bool = True):
+    """Registers a selector `(SelectionRequest) -> Selection` under `name` (rayfed.register_selector):
+    selection.selector then uses it. `warmup`: it orders the clients from a warm-up before round 0
+    (CACS's); `unit_weight_sum`: its weights sum to 1 in every round (not only on average), which
+    algorithms that average models need."""
+    def decorate(selector):
+        if not callable(selector):
+            raise ConfigError(f"register_selector({name!r}) takes a function (SelectionRequest) -> Selection")
+        return SELECTORS.register(name, warmup=warmup, unit_weight_sum=unit_weight_sum)(selector)
+    return decorate
+
+
 def select(selector: str, candidates: np.ndarray, counts: np.ndarray, size: int, rng: np.random.Generator,
            ucs_variant: str = "paper", order: np.ndarray | None = None) -> Selection:
-    """The round's selection among `candidates` (client ids) with sample counts `counts`: `size`
-    draws (S, the paper's M), or all candidates where fewer are online (uniform and ucs). `order`:
-    cacs's order of all clients, of which the candidates keep their relative order."""
-    candidates = np.asarray(candidates)
-    if selector == "uniform":
-        return Selection(candidates[rng.choice(len(candidates), size=min(size, len(candidates)), replace=False)],
-                         None)
-    importances = np.asarray(counts, dtype=np.float64) / np.sum(counts)
-    if selector == "ucs":
-        size = min(size, len(candidates))
-        if ucs_variant == "paper":
-            chosen = rng.choice(len(candidates), size=size, replace=False)
-            return Selection(candidates[chosen], len(candidates) / size * importances[chosen])
-        chosen = rng.choice(len(candidates), size=size, replace=False, p=importances)
-        return Selection(candidates[chosen], importances[chosen] / importances[chosen].sum())
-    if selector == "md":
-        draws = rng.choice(len(candidates), size=size, replace=True, p=importances)
-    elif selector == "acs":
-        draws = _draw_columns(acs_table(counts, size), rng)
-    else:
-        rank = np.empty(len(order), dtype=np.int64)
-        rank[order] = np.arange(len(order))
-        draws = _draw_columns(acs_table(counts, size, np.argsort(rank[candidates], kind="stable")), rng)
+    """The round's selection by the registered `selector` (see SelectionRequest)."""
+    return SELECTORS.get(selector).target(SelectionRequest(np.asarray(candidates), counts, size, rng, ucs_variant,
+                                                           order))
+
+
+@register_selector("uniform")
+def _uniform(request: SelectionRequest) -> Selection:
+    candidates = request.candidates
+    return Selection(candidates[request.rng.choice(len(candidates), size=min(request.size, len(candidates)),
+                                                   replace=False)], None)
+
+
+@register_selector("md")
+def _md(request: SelectionRequest) -> Selection:
+    draws = request.rng.choice(len(request.candidates), size=request.size, replace=True, p=request.importances)
+    return _counted(request, draws)
+
+
+@register_selector("acs")
+def _acs(request: SelectionRequest) -> Selection:
+    return _counted(request, _draw_columns(acs_table(request.counts, request.size), request.rng))
+
+
+@register_selector("ucs", unit_weight_sum=False)
+def _ucs(request: SelectionRequest) -> Selection:
+    candidates, importances, rng = request.candidates, request.importances, request.rng
+    size = min(request.size, len(candidates))
+    if request.ucs_variant == "paper":
+        chosen = rng.choice(len(candidates), size=size, replace=False)
+        return Selection(candidates[chosen], len(candidates) / size * importances[chosen])
+    chosen = rng.choice(len(candidates), size=size, replace=False, p=importances)
+    return Selection(candidates[chosen], importances[chosen] / importances[chosen].sum())
+
+
+@register_selector("cacs", warmup=True)
+def _cacs(request: SelectionRequest) -> Selection:
+    order = request.order
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    positions = np.argsort(rank[request.candidates], kind="stable")
+    return _counted(request, _draw_columns(acs_table(request.counts, request.size, positions), request.rng))
+
+
+def _counted(request: SelectionRequest, draws: np.ndarray) -> Selection:
     first, counted = _first_and_counts(draws)
-    return Selection(candidates[first], counted / size)
+    return Selection(request.candidates[first], counted / request.size)
 
 
 def _draw_columns(table: np.ndarray, rng: np.random.Generator) -> np.ndarray:

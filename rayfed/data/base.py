@@ -1,0 +1,92 @@
+"""What a dataset is to rayfed, and how one is registered and loaded by name.
+
+A dataset module registers a loader `(data, seed) -> Dataset` with `register_dataset`, declaring
+beside it what the config needs to know before loading anything: its input shape and classes, how
+many samples it holds (for the memory check), the model its papers use (model.name=auto), whether
+its clients are defined by the data itself (data.partition=natural), which partitions apply, and
+which files it reads from data.root."""
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from rayfed.data.partition import Partition
+from rayfed.errors import ConfigError
+from rayfed.registry import DATASETS, Entry
+
+
+@dataclass
+class Dataset:
+    name: str
+    train_x: np.ndarray
+    train_y: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+    num_classes: int
+    input_shape: tuple[int, ...]
+    # synthetic: the training rows each generated client owns; shakespeare: each speaking role's crop
+    natural_partition: Partition | None = None
+
+
+def register_dataset(name: str, *, input_shape: tuple[int, ...], num_classes: int, default_model: str,
+                     num_samples: int | Callable[[Any], int], input_dtype: torch.dtype = torch.float32,
+                     natural: bool = False, partitions: tuple[str, ...] | None = None,
+                     required_files: Callable[[str], list[pathlib.Path]] | None = None,
+                     missing_files: Callable[[str], list[pathlib.Path]] | None = None,
+                     normalizable: bool = False):
+    """Registers a loader `(data, seed) -> Dataset` under `name` (rayfed.register_dataset); `data` is
+    the config's data section. Declared with it:
+
+    - `input_shape`, `num_classes`, `input_dtype`: one sample's shape, the classes, the inputs' dtype;
+    - `default_model`: the model that model.name=auto picks;
+    - `num_samples`: train + test samples, or a function of the data section giving them;
+    - `natural`: the data defines its own clients (data.partition=natural, the default then);
+    - `partitions`: the data.partition values that apply (None: every registered one);
+    - `required_files(root)` and `missing_files(root)`: the files it reads under data.root and
+      those absent (checked before anything starts, unless data.download);
+    - `normalizable`: data.normalize applies (images with channel statistics)."""
+    options = dict(input_shape=tuple(input_shape), num_classes=num_classes, default_model=default_model,
+                   num_samples=num_samples, input_dtype=input_dtype, natural=natural, partitions=partitions,
+                   required_files=required_files, missing_files=missing_files, normalizable=normalizable)
+
+    def decorate(loader):
+        if not callable(loader):
+            raise ConfigError(f"register_dataset({name!r}) takes a function (data, seed) -> rayfed.Dataset")
+        return DATASETS.register(name, **options)(loader)
+    return decorate
+
+
+def dataset_entry(name: str) -> Entry:
+    return DATASETS.get(name)
+
+
+def sample_count(name: str, data) -> int:
+    """Train + test samples of the dataset as `data` (the data section) configures it."""
+    num_samples = dataset_entry(name).num_samples
+    return num_samples(data) if callable(num_samples) else num_samples
+
+
+def required_files(name: str, root: str) -> list[pathlib.Path]:
+    """The files the dataset's reader needs under `root`; [] for generated data."""
+    declared = dataset_entry(name).required_files
+    return declared(root) if declared is not None else []
+
+
+def missing_files(name: str, root: str) -> list[pathlib.Path]:
+    """The required files that are absent. Datasets whose files are beyond data.download's reach
+    raise the ConfigError that says how to get them instead."""
+    declared = dataset_entry(name).missing_files
+    return declared(root) if declared is not None else []
+
+
+def load_dataset(name: str, *, seed: int = 0, **keys) -> Dataset:
+    """The dataset `name` loaded with the data section's defaults and `keys` (root, download,
+    num_clients, partition, ...); what `rayfed.run` does with the config's data section."""
+    from rayfed.config import DataConfig       # the data section's defaults; config imports this package
+    loader = dataset_entry(name).target
+    data = DataConfig.model_construct(**{**DataConfig().model_dump(), **keys, "dataset": name})
+    return loader(data, seed)
