@@ -127,9 +127,8 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
         "server_restarts": final["server_restarts"],
         "vectorized": config.engine.vectorize,
     }
-    if final["selection_warmup"] is not None:
-        # CACS's warm-up: not among the rounds, and what it cost reported apart (specs/fedmos.md A16).
-        summary["selection_warmup"] = final["selection_warmup"]
+    # What the components report apart from the rounds (CACS's warm-up and what it cost).
+    summary.update(final["summary_extras"])
     write_json_atomic(run_dir / SUMMARY, summary)
     return Result(history, summary, run_dir, final["params"], final["buffers"])
 

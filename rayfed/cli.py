@@ -10,6 +10,26 @@ from rayfed.errors import ConfigError, RunFinished, RunStopped, Terminated
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return _command(args)
+    except ConfigError as error:
+        print(f"rayfed: error: {error}", file=sys.stderr)
+        return 2
+    except RunFinished as finished:
+        print(f"rayfed: {finished}")
+        return 0
+    except KeyboardInterrupt as interrupt:
+        print(f"rayfed: {'terminated' if isinstance(interrupt, Terminated) else 'interrupted'}"
+              f"{_where_it_stopped(interrupt)}", file=sys.stderr)
+        return 143 if isinstance(interrupt, Terminated) else 130
+    except RunStopped as stopped:
+        print(f"rayfed: stopped: {stopped}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rayfed", description="Federated-learning simulator on Ray.")
     commands = parser.add_subparsers(dest="command", required=True)
     run_parser = commands.add_parser("run", help="train; without CONFIG, the embedded quick-start")
@@ -55,43 +75,31 @@ def main(argv: list[str] | None = None) -> int:
                                help="the plots' x axis (default round)")
     report_parser.add_argument("--out", metavar="DIR",
                                help="where report.md and the plots go (default: the one DIR given, else ./report)")
-    args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
-    try:
-        if args.command == "bench":
-            return _bench(args)
-        if args.command == "algorithms":
-            return _algorithms(args.name, args.items)
-        if args.command == "sweep":
-            from rayfed.sweep.cli import sweep_command
-            return sweep_command(args.items, args.out, args.select, args.group, not args.quiet)
-        if args.command == "report":
-            from rayfed.report.cli import report_command
-            return report_command(args.dirs, args.group, args.target, args.x, args.out)
-        if args.command == "run" and args.resume is not None:
-            if args.items or args.out:
-                raise ConfigError("--resume takes the run directory alone: its config.yaml holds the config")
-            if not args.resume.strip():
-                raise ConfigError("--resume needs the run directory to continue, e.g. --resume runs/NAME")
-            return _report(_resume(args.resume, not args.quiet))
-        config = _load(args.items)
-        if args.command == "config":
-            print(config.to_yaml(), end="")
-            return 0
-        return _run(config, args.out, not args.quiet)
-    except ConfigError as error:
-        print(f"rayfed: error: {error}", file=sys.stderr)
-        return 2
-    except RunFinished as finished:
-        print(f"rayfed: {finished}")
+    return parser
+
+
+def _command(args) -> int:
+    if args.command == "bench":
+        return _bench(args)
+    if args.command == "algorithms":
+        return _algorithms(args.name, args.items)
+    if args.command == "sweep":
+        from rayfed.sweep.cli import sweep_command
+        return sweep_command(args.items, args.out, args.select, args.group, not args.quiet)
+    if args.command == "report":
+        from rayfed.report.cli import report_command
+        return report_command(args.dirs, args.group, args.target, args.x, args.out)
+    if args.command == "run" and args.resume is not None:
+        if args.items or args.out:
+            raise ConfigError("--resume takes the run directory alone: its config.yaml holds the config")
+        if not args.resume.strip():
+            raise ConfigError("--resume needs the run directory to continue, e.g. --resume runs/NAME")
+        return _report(_resume(args.resume, not args.quiet))
+    config = _load(args.items)
+    if args.command == "config":
+        print(config.to_yaml(), end="")
         return 0
-    except KeyboardInterrupt as interrupt:
-        print(f"rayfed: {'terminated' if isinstance(interrupt, Terminated) else 'interrupted'}"
-              f"{_where_it_stopped(interrupt)}", file=sys.stderr)
-        return 143 if isinstance(interrupt, Terminated) else 130
-    except RunStopped as stopped:
-        print(f"rayfed: stopped: {stopped}", file=sys.stderr)
-        return 1
+    return _run(config, args.out, not args.quiet)
 
 
 def _terminate(signum, frame) -> None:

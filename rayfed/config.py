@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SerializeAsAn
 from pydantic_core import PydanticCustomError
 
 from rayfed.algorithms.params import AlgorithmParams, RunFacts, common_keys
-from rayfed.fields import MAX_COEFFICIENT, MAX_COUNT, MAX_VIRTUAL, Flag, allowed_values, count, number, read_float
+from rayfed.fields import MAX_COEFFICIENT, Flag, allowed_values, count, number, read_float
 from rayfed.plugins import load_plugins
 from rayfed.registry import ALGORITHMS, COMPRESSORS, DATASETS, MODELS, PARTITIONERS, SELECTORS, Registry, did_you_mean
 from rayfed.data import missing_files
@@ -133,6 +133,11 @@ def registered(registry: Registry, *also: str):
     return Annotated[str, Field(strict=True), AfterValidator(check)]
 
 
+# "auto": the dataset's own clients (natural) where it has them, else dirichlet; the dataset's model.
+_PartitionName = registered(PARTITIONERS, "auto")
+_ModelName = registered(MODELS, "auto")
+
+
 class _Section(BaseModel):
     # No validation on assignment: resolve() validates the whole config again, and code may
     # assign freely in between (the local engine's num_workers, the vectorize fallback).
@@ -145,7 +150,7 @@ class DataConfig(_Section):
     download: Flag = False
     num_clients: count(gt=0) = 100
     # "auto": the dataset's own client split for synthetic and shakespeare, dirichlet otherwise.
-    partition: registered(PARTITIONERS, "auto") = "auto"
+    partition: _PartitionName = "auto"
     alpha: number(gt=0.0, le=MAX_COEFFICIENT) = 0.1
     shards_per_client: count(gt=0) = 2
     synthetic_alpha: number(ge=0.0, le=MAX_SYNTHETIC_SPREAD) = 1.0
@@ -163,7 +168,7 @@ class DataConfig(_Section):
 
 
 class ModelConfig(_Section):
-    name: registered(MODELS, "auto") = "auto"
+    name: _ModelName = "auto"
     hidden_sizes: Annotated[list[count(gt=0, le=MAX_WIDTH)], Field(strict=True, max_length=MAX_LAYERS)] = \
         Field(default_factory=lambda: [200, 100])
 

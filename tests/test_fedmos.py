@@ -435,8 +435,8 @@ def test_the_warmup_trains_every_client_on_a_copy_and_training_restarts_from_x0(
     report = server.finish_warmup((list(range(20)), gradients))
     assert torch.equal(server.global_params(), warmed if continue_from_warmup else initial)
     assert report["client_rounds"] == 40 and sum(report["cluster_sizes"]) == 20 and report["clusters"] == 3
-    assert len(set(zip(np.arange(20) % 3, server.client_order.labels))) == 3      # the three directions found
-    assert not server.needs_warmup()
+    assert len(set(zip(np.arange(20) % 3, server.sampler.client_order.labels))) == 3      # the three directions found
+    assert not server.sampler.needs_warmup() and ("selection_warmup", {}) not in server.extensions()
     b = server.buffers.numel()
     assert report["bytes_up"] == 2 * 20 * 4 * (d + b) + 20 * 4 * d        # 2 rounds of updates, then the gradients
 

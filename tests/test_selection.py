@@ -148,8 +148,6 @@ def test_uniform_is_todays_sampling_and_short_supply_is_taken_whole():
 def test_the_servers_aggregate_is_unbiased_under_every_selector():
     """FedAvg with lr_global 1 and fixed uploads v_i moves the model by -sum_i w_i v_i each round:
     its mean over rounds is -sum_i p_i v_i (full participation with importance weights)."""
-    import dataclasses
-
     import torch
     from tests.test_server import fake_results, make_server
     from rayfed.selection import ClientOrder
@@ -157,17 +155,19 @@ def test_the_servers_aggregate_is_unbiased_under_every_selector():
         _, server = make_server("algorithm.name=fedavg", f"selection.selector={selector}", "train.eval_every=1000",
                                 "train.rounds=1000")
         # CACS is unbiased in any order (T24): one that interleaves large and small clients
-        server.client_order = ClientOrder(np.random.default_rng(3).permutation(20), np.zeros(20, dtype=np.int64))
-        sizes = np.arange(20) * 3 + 5                  # unequal importances
-        server.client_systems = dataclasses.replace(server.client_systems, client_sizes=sizes)
+        server.sampler.client_order = ClientOrder(np.random.default_rng(3).permutation(20),
+                                                  np.zeros(20, dtype=np.int64))
+        server.sampler.client_sizes = np.arange(20) * 3 + 5                  # unequal importances
+        sizes = server.sampler.client_sizes
         p = sizes / sizes.sum()
         steps = []
         for round in range(600):
             before = server.global_params().clone()
-            server.step(round, fake_results(server, server.sample(round), lambda c, b: torch.zeros(b)))
+            plan = server.sample(round)
+            server.step(round, plan, fake_results(server, plan.participants, lambda c, b: torch.zeros(b)))
             steps.append((server.global_params() - before)[0].item())
             # the selector's weights are the ones the algorithm aggregated with
-            assert steps[-1] == pytest.approx(-sum(w * c for c, w in server.round_weights.items()),
+            assert steps[-1] == pytest.approx(-sum(w * c for c, w in plan.weights.items()),
                                              abs=1e-6 * abs(before[0].item()) + 1e-4)     # float32 steps
         # fake_results uploads the vector full of the client's id
         within_4_se(np.array(steps), -(p * np.arange(len(p))).sum())

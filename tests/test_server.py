@@ -36,14 +36,14 @@ def test_sampling_draws_distinct_clients_uniformly_and_reproducibly():
     _, server = make_server()
     counts = np.zeros(20)
     for round in range(4000):
-        sampled = server.sample(round)
+        sampled = server.sample(round).participants
         assert len(set(sampled)) == 5
         counts[sampled] += 1
     assert np.allclose(counts / 4000, 5 / 20, atol=0.03)       # spec §7 check 30: P(i in S_t) = S/N
     _, again = make_server()
-    assert again.sample(17) == server.sample(17)
+    assert again.sample(17).participants == server.sample(17).participants
     _, other_seed = make_server("seed=1")
-    assert [other_seed.sample(r) for r in range(5)] != [server.sample(r) for r in range(5)]
+    assert [other_seed.sample(r).participants for r in range(5)] != [server.sample(r).participants for r in range(5)]
 
 
 def test_traffic_buffers_and_evaluation_schedule():
@@ -51,8 +51,9 @@ def test_traffic_buffers_and_evaluation_schedule():
     bytes_per_model = 4 * (server.model.num_params + server.buffers.numel())
     evaluated = []
     for round in range(config.train.rounds):
-        sampled = server.sample(round)
-        metrics = server.step(round, fake_results(server, sampled, lambda cid, b: torch.full((b,), float(cid))))
+        plan = server.sample(round)
+        sampled = plan.participants
+        metrics, _ = server.step(round, plan, fake_results(server, sampled, lambda cid, b: torch.full((b,), float(cid))))
         # spec §7 check 31: bytes per round = S x (down + up), float32 model and buffers each way
         assert metrics["bytes_down"] == metrics["bytes_up"] == 5 * bytes_per_model
         assert metrics["num_participants"] == 5

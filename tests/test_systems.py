@@ -62,11 +62,11 @@ def test_deadline_rounds_drop_late_clients_and_advance_the_clock_to_the_deadline
     config, server = make_server("train.round_policy=deadline", "train.deadline_s=0.35")
     clock = 0.0
     for round in range(6):
-        participants = server.sample(round)
-        sampled = server.plan.sampled
+        plan = server.sample(round)
+        participants, sampled = plan.participants, plan.sampled
         durations = expected_durations(config, server, sampled)
         assert participants == [c for c, t in zip(sampled, durations) if t <= 0.35]
-        metrics = server.step(round, *([fake_results(server, participants, lambda c, b: torch.zeros(b))]
+        metrics, _ = server.step(round, plan, *([fake_results(server, participants, lambda c, b: torch.zeros(b))]
                                        if participants else []))
         clock += min(0.35, durations.max())
         assert metrics["virtual_time_s"] == pytest.approx(clock)
@@ -77,23 +77,24 @@ def test_deadline_rounds_drop_late_clients_and_advance_the_clock_to_the_deadline
 
 def test_overcommit_samples_more_and_keeps_the_first_to_finish():
     config, server = make_server("train.round_policy=overcommit", "train.overcommit=0.5")
-    participants = server.sample(0)
-    sampled = server.plan.sampled
+    plan = server.sample(0)
+    participants, sampled = plan.participants, plan.sampled
     assert len(sampled) == math.ceil(5 * 1.5) == 8 and len(participants) == 5
     durations = dict(zip(sampled, expected_durations(config, server, sampled)))
-    assert max(durations[c] for c in participants) <= min(durations[c] for c in server.plan.stragglers)
-    assert server.plan.round_time_s == max(durations[c] for c in participants)
+    assert max(durations[c] for c in participants) <= min(durations[c] for c in plan.stragglers)
+    assert plan.round_time_s == max(durations[c] for c in participants)
 
 
 def test_only_online_clients_are_sampled_and_a_short_supply_is_taken_whole():
     config, server = make_server("systems.availability=bernoulli", "systems.online_probability=0.2")
     short_rounds = 0
     for round in range(40):
-        online = set(np.flatnonzero(server.client_systems.availability.online(round, server.virtual_time_s)))
-        participants = server.sample(round)
+        online = set(np.flatnonzero(server.clock.availability.online(round, server.virtual_time_s)))
+        plan = server.sample(round)
+        participants = plan.participants
         assert set(participants) <= online and len(participants) == min(5, len(online))
         short_rounds += len(online) < 5
-        server.step(round, *([fake_results(server, participants, lambda c, b: torch.zeros(b))]
+        server.step(round, plan, *([fake_results(server, participants, lambda c, b: torch.zeros(b))]
                              if participants else []))
     assert short_rounds > 0
 
@@ -103,10 +104,11 @@ def test_memory_algorithms_see_exactly_who_participated():
                                  "train.round_policy=deadline", "train.deadline_s=0.3")
     everyone = set()
     for round in range(6):
-        participants = server.sample(round)
+        plan = server.sample(round)
+        participants = plan.participants
         everyone |= set(participants)
         if participants:
-            server.step(round, fake_results(server, participants, lambda c, b: torch.zeros(b)))
+            server.step(round, plan, fake_results(server, participants, lambda c, b: torch.zeros(b)))
         assert set(server.state.memory.buffered) == everyone
     assert everyone and len(everyone) < 20
 
@@ -169,15 +171,16 @@ def test_fedbuff_updates_every_buffer_size_arrivals_from_stale_versions():
     config, server = make_server(*ASYNC, "train.buffer_size=3", "train.concurrency=8")
     arrival_times = {}
     for round in range(6):
-        launched = server.sample(round)
+        plan = server.sample(round)
+        launched = plan.participants
         assert len(set(launched) & set(arrival_times)) == 0                 # nobody is launched twice at once
         durations = expected_durations(config, server, launched)
         arrival_times.update({c: server.virtual_time_s + t for c, t in zip(launched, durations)})
         in_flight_before = sorted(arrival_times.items(), key=lambda item: item[1])
-        metrics = server.step(round, *([fake_results(server, launched, lambda c, b: torch.zeros(b))]
+        metrics, _ = server.step(round, plan, *([fake_results(server, launched, lambda c, b: torch.zeros(b))]
                                        if launched else []))
         expected = in_flight_before[:3]
-        assert server.plan.sampled == launched and metrics["num_participants"] == 3
+        assert plan.sampled == launched and metrics["num_participants"] == 3
         assert metrics["virtual_time_s"] == pytest.approx(expected[-1][1])
         assert metrics["num_in_flight"] == 8 - 3
         for client, _ in expected:
@@ -191,9 +194,10 @@ def test_staleness_weight_scales_stale_updates():
                            "train.staleness_weight=sqrt")[1]
     for round in range(4):
         for server in (plain, weighted):
-            launched = server.sample(round)
-            metrics = server.step(round, *([fake_results(server, launched, lambda c, b: torch.zeros(b))]
-                                           if launched else []))
+            plan = server.sample(round)
+            launched = plan.participants
+            metrics, _ = server.step(round, plan, *([fake_results(server, launched, lambda c, b: torch.zeros(b))]
+                                                    if launched else []))
         if metrics["staleness_max"] == 0:
             assert torch.equal(plain.global_params(), weighted.global_params())
     assert metrics["staleness_max"] > 0
@@ -205,8 +209,9 @@ def test_nobody_online_makes_the_server_wait_instead_of_stalling():
                                  "systems.mean_offline_s=100000")
     times = []
     for round in range(3):
-        participants = server.sample(round)
-        server.step(round, *([fake_results(server, participants, lambda c, b: torch.zeros(b))]
+        plan = server.sample(round)
+        participants = plan.participants
+        server.step(round, plan, *([fake_results(server, participants, lambda c, b: torch.zeros(b))]
                              if participants else []))
         times.append(server.virtual_time_s)
     assert times[0] > 0 and times[0] < times[1] < times[2]

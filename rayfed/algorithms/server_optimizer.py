@@ -1,6 +1,12 @@
-"""The server optimizer step of the adaptive federated optimizers: x_{t+1} from x_t and the round's
-pseudo-gradient Delta_t = sum_i w_i (y_i - x_t), an ascent direction for the model (specs/fedlalr.md
-§4.2-4.4). One rule per method; they differ only in the second moment and the denominator:
+"""Server optimizers: x_{t+1} from x_t and the round's model change Delta_t = sum_i w_i (y_i - x_t),
+the clients' aggregated move (an ascent direction for the model). An algorithm's server step is
+"aggregate the clients' model changes, then one of these" (FedJAX's shape), written once here:
+
+    sgd:       x += eta Delta_t                                           (FedAvg, FedProx, FedCOM, LaFedOPT)
+    momentum:  m_t = beta1 m_{t-1} + s Delta_t;  x += eta m_t              (heavy ball: FedAvgM, MIFAM, GradMA, FedMoS)
+
+where s scales the direction (1; FedMoS's 1 / (eta_t I)). The adaptive ones (Reddi et al., ICLR
+2021; FedAMS, Wang, Lin and Chen, ICML 2022) differ only in the second moment and the denominator:
 
     m_t = beta1 m_{t-1} + (1 - beta1) Delta_t
     adam:     v_t = beta2 v_{t-1} + (1 - beta2) Delta_t^2                      x += eta m_t / (sqrt(v_t) + tau)
@@ -21,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-RULES = ("adam", "yogi", "adagrad", "ams_v1", "ams_v2", "sgd")
+RULES = ("adam", "yogi", "adagrad", "ams_v1", "ams_v2", "sgd", "momentum")
 
 
 @dataclass
@@ -45,16 +51,23 @@ class ServerOptimizer:
     def init(self, params: Tensor) -> ServerOptimizerState | None:
         if self.rule == "sgd":
             return None
+        if self.rule == "momentum":
+            return ServerOptimizerState(params.new_zeros(params.shape), None, None)
         if self.rule.startswith("ams"):
             return ServerOptimizerState(params.new_zeros(params.shape), params.new_zeros(params.shape),
                                         params.new_zeros(params.shape))
         return ServerOptimizerState(params.new_zeros(params.shape), torch.full_like(params, self.eps ** 2), None)
 
-    def step(self, params: Tensor, pseudo_gradient: Tensor,
-             state: ServerOptimizerState | None) -> tuple[Tensor, ServerOptimizerState | None]:
-        """(x_{t+1}, the next state) from x_t, Delta_t and the state before the step (sgd keeps none)."""
+    def step(self, params: Tensor, pseudo_gradient: Tensor, state: ServerOptimizerState | None,
+             lr: float | None = None, scale: float = 1.0) -> tuple[Tensor, ServerOptimizerState | None]:
+        """(x_{t+1}, the next state) from x_t, Delta_t and the state before the step (sgd keeps none);
+        `lr` replaces eta for this step, `scale` is the momentum rule's s."""
+        lr = self.lr if lr is None else lr
         if self.rule == "sgd":
-            return params.add(pseudo_gradient, alpha=self.lr), state
+            return params.add(pseudo_gradient, alpha=lr), state
+        if self.rule == "momentum":
+            state = self.accumulate(pseudo_gradient, state, scale)
+            return params.add(state.momentum, alpha=lr), state
         steps = state.steps + 1
         delta, squared = pseudo_gradient, pseudo_gradient * pseudo_gradient
         momentum = self.beta1 * state.momentum + (1 - self.beta1) * delta
@@ -76,4 +89,10 @@ class ServerOptimizer:
             denominator = second.sqrt()
         else:
             denominator = second.sqrt() + self.eps
-        return params + self.lr * first / denominator, ServerOptimizerState(momentum, v, v_hat, steps)
+        return params + lr * first / denominator, ServerOptimizerState(momentum, v, v_hat, steps)
+
+    def accumulate(self, pseudo_gradient: Tensor, state: ServerOptimizerState, scale: float = 1.0) -> ServerOptimizerState:
+        """The momentum rule's m_t = beta1 m_{t-1} + s Delta_t alone: for a step that corrects m_t before
+        taking it (GradMA's memory QP)."""
+        return ServerOptimizerState(state.momentum.mul(self.beta1).add_(pseudo_gradient, alpha=scale), None, None,
+                                    state.steps + 1)

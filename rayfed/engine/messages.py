@@ -15,6 +15,7 @@ class Broadcast:
 
     tensors: dict[str, Tensor]
     buffers: Tensor
+    sent_at: float = 0.0        # when the server sent it (time.time()), for the round's phase timings
 
     @property
     def nbytes(self) -> int:
@@ -35,9 +36,10 @@ class ClientResult:
 @dataclass
 class WorkerTiming:
     """When a worker's train call ran, in wall-clock seconds (time.time(), comparable across the
-    processes of one machine), and how long its training and packing took."""
+    processes of one machine), how long it waited for the broadcast, and how long its training and
+    packing took."""
 
-    started_at: float
+    waited_s: float
     train_s: float
     pack_s: float
     finished_at: float

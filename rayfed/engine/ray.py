@@ -21,9 +21,7 @@ from ray._private import state as ray_state
 from rayfed.config import Config
 from rayfed.data import Dataset, Partition
 from rayfed.engine.loop import ServerLost, WorkerLost
-from rayfed.engine.process_memory import peak_rss
 from rayfed.engine.server import Server, clients_train_data
-from rayfed.seeding import Purpose
 from rayfed.engine.worker import ClientWorker
 from rayfed.errors import ConfigError, first_line
 from rayfed.faults import SERVER, Fault, enact
@@ -55,7 +53,9 @@ class WorkerRestarted(Exception):
 class RayClientWorker:
     """A ClientWorker as a restartable Ray actor. Its constructor takes no objects from the store
     (Ray cannot guarantee those for a restart, and says so on every run, ray#53727): the engine
-    hands it the shared data with `attach`, after creation and again after a restart."""
+    hands it the shared data with `attach`, after creation and again after a restart. Every
+    ClientWorker method is reached through `call`, so a worker method added for a feature needs no
+    forwarder here."""
 
     def __init__(self, plugins: list[Entry], config: Config, input_shape: tuple[int, ...], num_classes: int,
                  worker_index: int, num_workers: int):
@@ -77,37 +77,14 @@ class RayClientWorker:
             raise WorkerRestarted(self.arguments[3])
         return self.worker
 
-    def train_with_status(self, round: int, down, client_ids: list[int]):
-        """A tiny status beside the result, so the driver can tell a late or dead worker without
-        fetching its uploads (which go to the server actor directly)."""
-        return True, self.attached().train(round, down, client_ids)
+    def call(self, method: str, *args):
+        """The attached ClientWorker's `method`; a worker Ray restarted raises WorkerRestarted."""
+        return getattr(self.attached(), method)(*args)
 
-    def warmup_train(self, round: int, down, client_ids: list[int]):
-        return self.attached().warmup_train(round, down, client_ids)
-
-    def full_gradients(self, round: int, down, client_ids: list[int], purpose=Purpose.SELECTION_WARMUP):
-        return self.attached().full_gradients(round, down, client_ids, purpose)
-
-    def commit(self) -> None:
-        self.attached().commit()
-
-    def finish_round(self, reply, client_ids: list[int], summarize: bool = False):
-        return self.attached().finish_round(reply, client_ids, summarize)
-
-    def discard(self) -> None:
-        self.attached().discard()
-
-    def snapshot_client_states(self) -> dict:
-        return self.attached().snapshot_client_states()
-
-    def restore_client_states(self, states: dict) -> None:
-        self.attached().restore_client_states(states)
-
-    def client_state_bytes(self) -> int:
-        return self.attached().client_state_bytes()
-
-    def peak_rss(self) -> tuple[int, int]:
-        return peak_rss()
+    def call_with_status(self, method: str, *args):
+        """`call`, with a tiny status beside the result, so the driver can tell a late or dead worker
+        without fetching its uploads (which go to the server actor directly)."""
+        return True, self.call(method, *args)
 
     def enact(self, fault: Fault) -> None:
         enact(fault)
@@ -123,8 +100,13 @@ class RayServer(Server):
 
 
 class WorkerHandle(RemoteHandle):
+    """Calls the ClientWorker methods of a RayClientWorker: `handle.commit()` returns an ObjectRef."""
+
+    def __getattr__(self, name: str) -> Callable:
+        return lambda *args: self.actor.call.remote(name, *args)
+
     def train(self, round: int, down, client_ids: list[int]):
-        return self.actor.train_with_status.options(num_returns=2).remote(round, down, client_ids)
+        return self.actor.call_with_status.options(num_returns=2).remote("train", round, down, client_ids)
 
 
 # A worker whose process is gone, or that Ray cannot reach while restarting it.

@@ -19,7 +19,8 @@ from typing import Any, Callable
 
 from rayfed.checkpoint import Checkpoint, config_sha256, has_checkpoint, read_checkpoint, write_checkpoint
 from rayfed.config import Config
-from rayfed.engine.loop import Engine, ServerLost, WorkerLost, enact_due, play_round, warm_up_selection
+from rayfed.engine.extensions import Extension, make_extensions
+from rayfed.engine.loop import Engine, ServerLost, WorkerLost, enact_due, play_round
 from rayfed.engine.worker import client_owner
 from rayfed.errors import RunStopped
 from rayfed.faults import SERVER, FaultSchedule
@@ -46,7 +47,6 @@ class Supervisor:
         # What became of the client states of workers revived between rounds, for the next round's metrics.
         self.revived_between_rounds: list[str] = []
         self.round = 0                  # the round being played: faults are scheduled by it
-        self.round_extras: dict = {}    # play_round's replies and similarity_clients, asked of the server
 
     def resume_from(self, checkpoint: Checkpoint, lines: list[bytes]) -> None:
         """Continues from `checkpoint`, whose rounds are `lines` of metrics.jsonl: the server and every
@@ -78,18 +78,16 @@ class Supervisor:
 
     def _play_to_the_end(self) -> dict:
         clients_keep_state = self.engine.get(self.engine.server.clients_keep_state())
-        # Asked once: what each round does beyond training, so rounds without it make no extra calls.
-        self.round_extras = {"replies": self.engine.get(self.engine.server.server_replies()),
-                             "similarity_clients": self.engine.get(self.engine.server.similarity_clients())}
-        if self.engine.get(self.engine.server.needs_warmup()):
-            self._warm_up(clients_keep_state)
+        # Asked once: what the run does beyond training, so rounds without it make no extra calls.
+        extensions = make_extensions(self.engine.get(self.engine.server.extensions()))
+        self._before_rounds(extensions, clients_keep_state)
         while len(self.history) < self.config.train.rounds:
-            self._play(len(self.history), clients_keep_state)
+            self._play(len(self.history), clients_keep_state, extensions)
         return self._final_state()
 
-    def _play(self, round: int, clients_keep_state: bool) -> None:
+    def _play(self, round: int, clients_keep_state: bool, extensions: list[Extension]) -> None:
         self.round = round
-        metrics = play_round(self.engine, round, clients_keep_state, self.faults, **self.round_extras)
+        metrics = play_round(self.engine, round, clients_keep_state, self.faults, extensions)
         metrics["wall_time_s"] = time.perf_counter() - self.started
         died = [int(worker) for worker, why in metrics.get("failed_workers", {}).items() if why == "died"]
         if died:
@@ -110,11 +108,12 @@ class Supervisor:
         for worker in range(len(self.engine.workers)):
             enact_due(self.engine, self.faults, worker, round, "idle")
 
-    def _warm_up(self, clients_keep_state: bool) -> None:
-        """The selector's warm-up; it starts over when a worker dies in it."""
+    def _before_rounds(self, extensions: list[Extension], clients_keep_state: bool) -> None:
+        """The extensions' steps before round 0 (the selector's warm-up); they start over when a worker dies in them."""
         while True:
             try:
-                warm_up_selection(self.engine, clients_keep_state)
+                for extension in extensions:
+                    extension.before_rounds(self.engine, clients_keep_state)
                 return
             except WorkerLost as lost:
                 self.revived_between_rounds.append(self._revive(lost.workers))
@@ -254,12 +253,12 @@ class Supervisor:
         client_state_bytes = sum(self._ask_workers(lambda worker: engine.workers[worker].client_state_bytes()))
         worker_peaks = self._ask_workers(lambda worker: engine.workers[worker].peak_rss())
         return {"params": engine.get(engine.server.global_params()),
-                "buffers": engine.get(engine.server.broadcast()).buffers,
+                "buffers": engine.get(engine.server.final_buffers()),
                 "server_state_bytes": engine.get(engine.server.state_bytes()),
                 "client_state_bytes": client_state_bytes,
                 "peaks": [engine.get(engine.server.peak_rss()), *worker_peaks],
                 "server_restarts": self.server_restarts,
-                "selection_warmup": engine.get(engine.server.warmup_report())}
+                "summary_extras": engine.get(engine.server.summary_extras())}
 
 
 def _check_finite(metrics: dict, config: Config, run_dir: Path) -> None:

@@ -15,7 +15,7 @@ from torch import Tensor
 from rayfed.algorithms.base import Batch, Upload
 from rayfed.algorithms.local_training import LocalSchedule, TrainingTask
 from rayfed.algorithms.base import AlgorithmContext, build_algorithm, check_state_declared
-from rayfed.compression import MESSAGE_SEPARATOR, build_compressor
+from rayfed.compression.codec import Codec
 from rayfed.config import Config
 from rayfed.data.augment import random_crop_flip
 from rayfed.data.partition import Partition
@@ -171,9 +171,9 @@ class ClientWorker:
         self.model = FlatModel(build_model(config.model.name, input_shape, num_classes,
                                            config.model.hidden_sizes), self.device)
         self.algorithm = build_algorithm(config.algorithm, AlgorithmContext.of_run(self.model.blocks, config.train))
-        # compression.*: what encodes the algorithm's update on its way to the server (None: nothing does).
-        self.compressor = (build_compressor(config.compression, self.model.blocks)
-                           if config.compression.name != "identity" else None)
+        # compression.*: the algorithm's upload as it travels to the server.
+        self.codec = Codec(config.compression, self.algorithm.compressed_upload, self.model.blocks,
+                           self.model.num_params, config.seed)
         self.schedule = LocalSchedule.from_config(config.train)
         # Created on a client's first participation, so clients that never train cost nothing.
         self.client_states: dict[int, Any] = {}
@@ -205,7 +205,8 @@ class ClientWorker:
             results = [self._train_client(round, client_id, tensors, buffers, seed) for client_id in client_ids]
             trained = time.perf_counter()
             packed = WorkerResult.pack(results)
-        packed.timing = WorkerTiming(started_at, trained - started, time.perf_counter() - trained, time.time())
+        packed.timing = WorkerTiming(started_at - down.sent_at, trained - started, time.perf_counter() - trained,
+                                     time.time())
         return packed
 
     def full_gradients(self, round: int, down: Broadcast, client_ids: list[int],
@@ -239,10 +240,7 @@ class ClientWorker:
             state = self.algorithm.client_init(client_id)
         upload, state = self.algorithm.client_train(task, tensors, state)
         upload.metrics["local_steps"] = task.steps
-        name = self.algorithm.compressed_upload
-        sent = upload.tensors.get(name) if name is not None else None
-        if self.compressor is not None:
-            sent = self._compress(upload, round, client_id)
+        sent = self.codec.encode(upload, round, client_id)
         if self.algorithm.replies:
             self.sent_updates[client_id] = sent
         if state is not None:
@@ -252,22 +250,6 @@ class ClientWorker:
             self.pending_states[client_id] = state
         upload.tensors = {name: t.cpu() for name, t in upload.tensors.items()}
         return ClientResult(client_id, upload, self.model.buffers.cpu().clone())
-
-    def _compress(self, upload: Upload, round: int, client_id: int) -> Tensor:
-        """Replaces the algorithm's update with the message that carries it, drawn from the client's
-        own stream (seed, round, client); records the message's bits and its relative error (§3.4).
-        Returns the update as the server will decode it."""
-        name = self.algorithm.compressed_upload
-        update = upload.tensors.pop(name)
-        # A CPU stream whatever the device: the same draws on a GPU worker as on a CPU one.
-        message = self.compressor.compress(update, torch_generator(self.config.seed, Purpose.COMPRESSION, round,
-                                                                   client_id))
-        upload.tensors.update({f"{name}{MESSAGE_SEPARATOR}{part}": value for part, value in message.parts.items()})
-        decoded = self.compressor.decompress(message, update.numel())
-        norm = float(update.double().pow(2).sum())
-        upload.metrics["message_bits"] = message.bits
-        upload.metrics["compression_error"] = float((decoded - update).double().pow(2).sum()) / norm if norm else 0.0
-        return decoded
 
     def _train_clients_together(self, round: int, client_ids: list[int], tensors: dict[str, Tensor],
                                 seed: int) -> Upload:

@@ -16,6 +16,10 @@ class RoundPlan:
     sampled: list[int]           # in sampling order
     participants: list[int]      # whose uploads count, in sampling order
     round_time_s: float          # how far the virtual clock advances
+    # The selector's aggregation weights of the sampled clients; None: the algorithm weights them itself.
+    weights: dict[int, float] | None = None
+    num_online: int = 0          # the clients that could be sampled
+    sample_s: float = 0.0        # wall-clock seconds the server took to plan the round
 
     @property
     def stragglers(self) -> list[int]:

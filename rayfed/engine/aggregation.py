@@ -1,0 +1,69 @@
+"""Aggregation: the algorithm's server side as a component of the round. It owns the algorithm's
+server state and the global model's BatchNorm buffers, says what is broadcast, folds the uploads
+that count into the state (Algorithm.server_step), and forms the reply of algorithms whose server
+answers the round's clients (FedGATE's tracking)."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rayfed.algorithms.base import Algorithm, RoundInfo, check_state_declared
+from rayfed.engine.messages import Broadcast, ClientResult
+
+
+class Aggregation:
+    def __init__(self, algorithm: Algorithm, name: str, params: Tensor, buffers: Tensor, num_clients: int):
+        self.algorithm = algorithm
+        self.num_clients = num_clients
+        self.state = algorithm.server_init(params.clone(), num_clients)
+        check_state_declared(algorithm, name, self.state, "server")
+        self.buffers = buffers.clone()
+
+    def broadcast(self) -> Broadcast:
+        """On the CPU: workers may have no GPU, and each moves it to its own device once per round."""
+        tensors = {name: tensor.cpu() for name, tensor in self.algorithm.broadcast(self.state).items()}
+        return Broadcast(tensors, self.buffers.cpu())
+
+    def global_params(self) -> Tensor:
+        return self.algorithm.global_params(self.state)
+
+    def step(self, round: int, counted: list[ClientResult], order: list[int], weights: dict[int, float] | None,
+             importances: dict[int, float] | None, downlink=None) -> tuple[dict, dict[str, Tensor] | None]:
+        """Folds the counted results (sorted by client id; combining in that order keeps runs bitwise
+        reproducible) into the state. Returns the algorithm's metrics and its reply (None when it
+        does not reply)."""
+        self.state, metrics = self.algorithm.server_step(
+            self.state, {result.client_id: result.upload for result in counted},
+            RoundInfo(round=round, sampled=tuple(order), num_clients=self.num_clients, weights=weights,
+                      importances=importances, downlink=downlink))
+        reply = None
+        if self.algorithm.replies:
+            reply = {name: tensor.cpu() for name, tensor in self.algorithm.server_reply(self.state).items()}
+        if weights is not None:
+            # ucs weights sum to 1 only on average: log it.
+            metrics["weight_sum"] = sum(weights[result.client_id] for result in counted)
+        if self.buffers.numel():
+            self.buffers = weighted_buffers(counted)
+        return metrics, reply
+
+    def model_finite(self) -> bool:
+        return bool(torch.isfinite(self.global_params()).all())
+
+    def snapshot(self) -> tuple:
+        return self.state, self.buffers
+
+    def restore(self, snapshot: tuple) -> None:
+        self.state, self.buffers = snapshot
+
+    def state_bytes(self) -> int:
+        """Bytes of algorithm state the server holds (model included)."""
+        return self.algorithm.state_bytes(self.state) + self.buffers.numel() * self.buffers.element_size()
+
+
+def weighted_buffers(results: list[ClientResult]) -> Tensor:
+    """BatchNorm buffers bypass the algorithm: the n_i-weighted average of the clients'."""
+    total_samples = sum(result.upload.num_samples for result in results)
+    buffers = torch.zeros_like(results[0].buffers)
+    for result in results:
+        buffers.add_(result.buffers, alpha=result.upload.num_samples / total_samples)
+    return buffers
