@@ -377,18 +377,20 @@ def algorithm_section(raw: Any) -> AlgorithmParams:
     algorithm = ALGORITHMS.get(name).target
     params = algorithm.Params
     takes = [key for key in params.model_fields if key != "name" and (algorithm.server_lr or key != "lr_global")]
-    for key in raw:
-        if key in params.model_fields:
+    for key, value in raw.items():
+        # null is "not set": a config.yaml written before per-algorithm sections lists every key so.
+        if key in params.model_fields or (value is None and key in AlgorithmParams.known_keys):
             continue
         if key in AlgorithmParams.known_keys:
             raise ConfigError(f"algorithm.{key} is not a parameter of {name} (it takes "
                               f"{', '.join(f'algorithm.{k}' for k in takes)})")
-        keys = [f"algorithm.{k}" for k in params.model_fields]
-        starting = [k for k in keys if k.startswith(f"algorithm.{key}")]      # lr -> lr_local, as elsewhere
-        close = f" (did you mean {starting[0]!r}?)" if starting else did_you_mean(f"algorithm.{key}", keys)
+        starting = [k for k in params.model_fields if k.startswith(str(key))]      # lr -> lr_local, as elsewhere
+        close = starting[:1] or difflib.get_close_matches(str(key), list(params.model_fields), n=1)
+        close = f" (did you mean {'algorithm.' + close[0]!r}?)" if close else ""
         raise ConfigError(f"unknown key {_show(f'algorithm.{key}')}{close}")
     try:
-        section = params.model_validate({key: value for key, value in raw.items() if value is not None})
+        section = params.model_validate({key: value for key, value in raw.items()
+                                         if value is not None and key in params.model_fields})
     except ValidationError as error:
         raise ConfigError(_message(error, params, "algorithm.")) from None
     if not algorithm.server_lr and section.lr_global != 1.0:

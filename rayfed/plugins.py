@@ -20,8 +20,6 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from ray import cloudpickle
-
 from rayfed.errors import ConfigError, first_line
 from rayfed.registry import REGISTRIES, DuplicateName, Entry, install, plugin_entries
 
@@ -92,6 +90,7 @@ def shippable_plugins() -> list[Entry]:
     """The plugin registrations an actor needs, ready to pickle: modules that are not installed
     packages (a file, a module beside the script) travel by value, since other processes and
     nodes cannot import them by name."""
+    from ray import cloudpickle     # only the ray engine ships plugins; importing rayfed stays without Ray
     entries = plugin_entries()
     for module_name in {entry.module for entry in entries}:
         module = sys.modules.get(module_name)

@@ -34,3 +34,20 @@ def test_the_description_lists_every_parameter_and_state_class(name):
             assert f"\n  {key} " in described
     for state in cls.state_classes:
         assert state.__name__ in described
+
+
+def test_a_config_yaml_written_before_per_algorithm_sections_still_loads(tmp_path):
+    """Such files list every algorithm key, null where the algorithm does not take it: null is "not set"."""
+    old = ("algorithm:\n  name: fedgate\n  lr_local: 0.05\n  lr_global: 1.0\n  beta1: null\n  mu: null\n"
+           "  memory_size: null\n  alpha: 0.5\n  own_term: null\n  memory: null\n  client_replicas: null\n"
+           "  agg_weighting: uniform\n")
+    (tmp_path / "config.yaml").write_text(old)
+    config = rayfed.load_config(tmp_path / "config.yaml")
+    assert config.algorithm.model_dump() == {"name": "fedgate", "lr_local": 0.05, "lr_global": 1.0,
+                                             "agg_weighting": "uniform", "alpha": 0.5, "client_replicas": False}
+    (tmp_path / "config.yaml").write_text(old.replace("beta1: null", "beta1: 0.9"))
+    with pytest.raises(rayfed.ConfigError, match="^algorithm.beta1 is not a parameter of fedgate"):
+        rayfed.load_config(tmp_path / "config.yaml")
+    (tmp_path / "config.yaml").write_text(old.replace("alpha: 0.5", "alpah: 0.5"))
+    with pytest.raises(rayfed.ConfigError, match=r"^unknown key 'algorithm.alpah' \(did you mean 'algorithm.alpha'"):
+        rayfed.load_config(tmp_path / "config.yaml")
