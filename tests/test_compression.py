@@ -204,15 +204,18 @@ def test_the_worker_sends_the_encoded_message_and_the_server_aggregates_what_it_
                           dataset.num_classes)
     systems = dataclasses.replace(make_client_systems(config), client_sizes=partition.sizes)
     server = Server(config, (dataset.test_x, dataset.test_y), dataset.input_shape, dataset.num_classes, systems)
-    sampled = server.sample(0)
+    plan = server.sample(0)
+    sampled = plan.participants
     down = server.broadcast()
     packed = worker.train(0, down, sampled)
-    assert set(packed.tensors) == {"update:norm", "update:levels"} and packed.tensors["update:levels"].dtype == torch.int8
+    assert (set(packed.tensors) == {"model_change:norm", "model_change:levels"}
+            and packed.tensors["model_change:levels"].dtype == torch.int8)
     compressor = build_compressor(config.compression, server.model.blocks)
-    decoded = [decode_upload({k: v[row] for k, v in packed.tensors.items()}, "update", compressor, server.model.num_params)
-               ["update"] for row in range(len(sampled))]
+    # the message carries the descent direction x - y, as FedCOM's clients send it
+    decoded = [decode_upload({k: v[row] for k, v in packed.tensors.items()}, "model_change", compressor,
+                             server.model.num_params)["model_change"] for row in range(len(sampled))]
     before = server.global_params().clone()
-    metrics = server.step(0, packed)
+    metrics, _ = server.step(0, plan, packed)
     torch.testing.assert_close(server.global_params(), before - torch.stack(decoded).mean(0))
     d = server.model.num_params
     assert metrics["bits_up"] == len(sampled) * (32 + d * (1 + 2))                  # norm, sign + 2 level bits

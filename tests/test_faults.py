@@ -25,7 +25,7 @@ def run(tmp_path, *overrides, base=RAY_MIFA, name="run"):
 def assert_mifa_invariant(run_dir, num_clients=30):
     """The server's average of latest updates is the mean of the clients' committed latest updates."""
     checkpoint = read_checkpoint(run_dir)
-    latest = [state.latest_update for state in checkpoint.client_states.values()]
+    latest = [state.latest_model_change for state in checkpoint.client_states.values()]
     expected = torch.stack(latest).sum(0) / num_clients
     assert torch.allclose(checkpoint.server["state"].average, expected, atol=1e-6)
 

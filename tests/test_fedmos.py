@@ -74,7 +74,7 @@ def client_iterates(algorithm, task, x0):
     at, and x_0 + Delta."""
     upload, _ = algorithm.client_train(task, {"params": x0}, None)
     points = [x0] + [call[1] for call in task.calls if call[0] == "paired"]
-    return points + [x0 + upload.tensors["delta"]], upload
+    return points + [x0 + upload.tensors["model_change"]], upload
 
 
 def directions_taken(iterates, x0, lr, mu):
@@ -123,7 +123,7 @@ def test_t3_the_upload_is_the_unrolled_sum_of_the_recursions_directions(init_gra
         directions.append(grad + (1 - a) * (directions[-1] - grad_at_previous))
     assert len(directions) == task.steps
     unrolled = -lr * sum((1 - mu) ** (task.steps - 1 - tau) * d for tau, d in enumerate(directions))
-    torch.testing.assert_close(upload.tensors["delta"], unrolled, rtol=0, atol=1e-12 * unrolled.norm().item())
+    torch.testing.assert_close(upload.tensors["model_change"], unrolled, rtol=0, atol=1e-12 * unrolled.norm().item())
 
 
 @pytest.mark.parametrize("a", [0.0, 0.3, 1.0])
@@ -156,7 +156,7 @@ def test_the_reference_code_estimator_is_sgd_plus_a_decaying_copy_of_the_first_g
         task, {"params": x0}, None)
     assert [call[0] for call in task.calls] == ["minibatch"] * 5
     first = task.calls[0][2]
-    points = [call[1] for call in task.calls] + [x0 + upload.tensors["delta"]]
+    points = [call[1] for call in task.calls] + [x0 + upload.tensors["model_change"]]
     for tau, (x, following, call) in enumerate(zip(points, points[1:], task.calls)):
         expected = call[2] + ((1 - a) ** tau * first if tau else 0)
         torch.testing.assert_close((x - following) / lr, expected, rtol=0, atol=1e-12)
@@ -172,7 +172,7 @@ def estimator_errors(init_grad, estimator, repetitions=10_000, steps=4, lr=0.1, 
     for repetition in range(repetitions):
         task = StormTask(steps=steps, batch_size=3, draw_seed=repetition)
         upload, _ = algorithm.client_train(task, {"params": x0}, None)
-        iterates = [x0, *(call[1] for call in task.calls[1:]), x0 + upload.tensors["delta"]]
+        iterates = [x0, *(call[1] for call in task.calls[1:]), x0 + upload.tensors["model_change"]]
         for tau, (x, following) in enumerate(zip(iterates, iterates[1:])):
             errors[repetition, tau] = ((x - following) / lr - task.exact_grad(x)).numpy()
     return errors
@@ -212,13 +212,13 @@ def fake_uploads(rounds=6, seed=0):
     generator = torch.Generator().manual_seed(seed)
     per_round = []
     for _ in range(rounds):
-        uploads = {i: Upload({"delta": torch.randn(3, generator=generator, dtype=F64)}, 10) for i in (0, 2, 3)}
+        uploads = {i: Upload({"model_change": torch.randn(3, generator=generator, dtype=F64)}, 10) for i in (0, 2, 3)}
         per_round.append((uploads, {0: 0.5, 2: 0.25, 3: 0.25}))
     return per_round
 
 
 def aggregate(uploads, weights):
-    return sum(weights[i] * upload.tensors["delta"] for i, upload in uploads.items())
+    return sum(weights[i] * upload.tensors["model_change"] for i, upload in uploads.items())
 
 
 def test_t4_the_server_is_heavy_ball_on_the_aggregate():
@@ -245,7 +245,7 @@ def test_the_reference_codes_round_0_leaves_the_momentum_at_zero():
     skip = FedMoS(0.05, 1.0, a=0.1, mu=0.0, beta1=0.8, local_steps=5, server_momentum_skip_round0=True)
     state = skip.server_init(torch.zeros(3, dtype=F64), 4)
     state, _ = skip.server_step(state, rounds[0][0], RoundInfo(0, (0, 2, 3), 4, rounds[0][1]))
-    assert torch.equal(state.momentum, torch.zeros(3, dtype=F64))
+    assert torch.equal(state.optimizer.momentum, torch.zeros(3, dtype=F64))
     torch.testing.assert_close(state.params, aggregate(*rounds[0]))
     second = state.params
     state, _ = skip.server_step(state, rounds[1][0], RoundInfo(1, (0, 2, 3), 4, rounds[1][1]))
@@ -262,7 +262,7 @@ def test_t11_a_client_drawn_twice_trains_once_and_counts_twice():
     uploads = {i: algorithm.client_train(client(i), down, None)[0] for i in sorted(weights)}
     state, _ = algorithm.server_step(algorithm.server_init(torch.zeros(5), 6), uploads,
                                      RoundInfo(0, tuple(clients.tolist()), 6, weights))
-    per_draw = sum(uploads[int(i)].tensors["delta"] for i in draws) / len(draws)
+    per_draw = sum(uploads[int(i)].tensors["model_change"] for i in draws) / len(draws)
     torch.testing.assert_close(state.params, per_draw)
     assert weights == {3: 0.5, 0: 0.25, 2: 0.25}
 
@@ -278,7 +278,7 @@ def test_stem_starts_from_the_full_gradient_then_from_the_servers_momentum_and_a
     uploads = {i: stem.client_train(task, stem.broadcast(state), None)[0] for i, task in tasks.items()}
     for i, task in tasks.items():
         assert task.calls[0][0] == "full" and [c[0] for c in task.calls[1:]] == ["paired"] * 3      # I corrections
-        end = state.params + uploads[i].tensors["delta"]
+        end = state.params + uploads[i].tensors["model_change"]
         torch.testing.assert_close(uploads[i].tensors["momentum"], task.exact_grad(end), rtol=0, atol=1e-10)
     weights = {0: 0.7, 1: 0.3}
     new, _ = stem.server_step(state, uploads, RoundInfo(0, (0, 1), 4, weights))
@@ -297,7 +297,7 @@ def test_stem_normalised_momentum_weights_sum_to_one():
     from rayfed.algorithms.base import Upload
     stem = STEM(0.1, 1.0, a=0.4, momentum_weights="normalized")
     state = stem.server_init(torch.zeros(2, dtype=F64), 4)
-    uploads = {i: Upload({"delta": torch.zeros(2, dtype=F64), "momentum": torch.full((2,), float(i), dtype=F64)}, 1)
+    uploads = {i: Upload({"model_change": torch.zeros(2, dtype=F64), "momentum": torch.full((2,), float(i), dtype=F64)}, 1)
                for i in (1, 3)}
     new, _ = stem.server_step(state, uploads, RoundInfo(0, (1, 3), 4, {1: 0.5, 3: 1.5}))      # ucs: sum 2
     torch.testing.assert_close(new.momentum, torch.full((2,), 0.25 * 1 + 0.75 * 3, dtype=F64))
@@ -405,12 +405,12 @@ def test_t10_a_clients_round_is_the_same_wherever_and_whenever_it_trains():
     workers = [ClientWorker(config, (dataset.train_x, dataset.train_y), partition, dataset.input_shape,
                             dataset.num_classes, index, 2) for index in range(2)]
     down = Broadcast({"params": workers[0].model.params.clone()}, workers[0].model.buffers.clone())
-    fresh = workers[0].train(5, down, [3]).unpack()[0].upload.tensors["delta"]
+    fresh = workers[0].train(5, down, [3]).unpack()[0].upload.tensors["model_change"]
     for round in range(5):
         workers[1].train(round, down, [3, 4])
-    again = workers[1].train(5, down, [3]).unpack()[0].upload.tensors["delta"]
+    again = workers[1].train(5, down, [3]).unpack()[0].upload.tensors["model_change"]
     assert torch.equal(fresh, again)
-    assert not torch.equal(fresh, workers[1].train(6, down, [3]).unpack()[0].upload.tensors["delta"])
+    assert not torch.equal(fresh, workers[1].train(6, down, [3]).unpack()[0].upload.tensors["model_change"])
 
 
 # ---- CACS's warm-up (§3.7) ----

@@ -61,8 +61,8 @@ def test_upload_is_the_sum_of_corrected_steps_and_every_step_is_feasible(monkeyp
     history = GradMAClientState(last_local=torch.randn(DIM, generator=torch.Generator().manual_seed(3)))
     upload, state = algorithm.client_train(client(2, steps=4), {"params": torch.zeros(DIM)}, history)
     assert len(corrected_steps) == 4
-    assert torch.allclose(upload.tensors["update"], 0.3 * torch.stack(corrected_steps).sum(0), atol=1e-6)
-    assert torch.equal(state.last_local, -upload.tensors["update"])     # xhat = x_{t,I} persisted
+    assert torch.allclose(-upload.tensors["model_change"], 0.3 * torch.stack(corrected_steps).sum(0), atol=1e-6)
+    assert torch.equal(state.last_local, upload.tensors["model_change"])     # xhat = x_{t,I} persisted
     assert upload.metrics["qp_local_active"] > 0                          # the random anchor makes the QP bite
 
 
@@ -88,8 +88,8 @@ def test_last_local_anchor_uses_the_clients_history_and_global_ignores_it():
     anchored, _ = make("gradma_w").client_train(client(1), start, history)
     ignored, _ = make("gradma_w", anchor_mode="global").client_train(client(1), start, history)
     assert anchored.metrics["qp_local_change"] > fresh.metrics["qp_local_change"]
-    assert not torch.equal(anchored.tensors["update"], fresh.tensors["update"])
-    assert torch.equal(ignored.tensors["update"], fresh.tensors["update"])
+    assert not torch.equal(anchored.tensors["model_change"], fresh.tensors["model_change"])
+    assert torch.equal(ignored.tensors["model_change"], fresh.tensors["model_change"])
 
 
 # ---- server side and memory (checks 16-19, 23, 24) ----
@@ -108,7 +108,7 @@ def test_inactive_server_qp_reduces_to_fedavgm():
     gradma_s, fedavgm = make("gradma_s", memory_size=4, beta1=0.5, beta2=0.7), make("fedavgm", beta1=0.5)
     left, right = gradma_s.server_init(torch.zeros(DIM), NUM_CLIENTS), fedavgm.server_init(torch.zeros(DIM), NUM_CLIENTS)
     for round, sampled in enumerate(SCHEDULE):
-        uploads = {c: Upload({"update": (1.0 + c) * direction}, 10) for c in sorted(sampled)}
+        uploads = {c: Upload({"model_change": (1.0 + c) * direction}, 10) for c in sorted(sampled)}
         info = RoundInfo(round, tuple(sampled), NUM_CLIENTS)
         left, metrics = gradma_s.server_step(left, uploads, info)
         right, _ = fedavgm.server_step(right, uploads, info)
@@ -127,7 +127,7 @@ def test_corrected_momentum_respects_every_memory_row(scope):
         assert metrics["memory_rows"] == len(state.memory.buffered) <= 3
         evictions += metrics["memory_evictions"]
         for start, stop in BLOCKS if scope == "tensor" else [(0, DIM)]:
-            momentum, rows = state.momentum[start:stop], state.memory.rows[:, start:stop]
+            momentum, rows = state.optimizer.momentum[start:stop], state.memory.rows[:, start:stop]
             tolerance = 1e-6 * float(momentum.norm()) * rows.norm(dim=1) + 1e-12
             assert bool((rows @ momentum >= -tolerance).all())
     assert evictions > 0        # 6 clients through 3 rows
@@ -177,9 +177,9 @@ def test_mifa_average_is_the_mean_of_every_clients_latest_update():
     run = run_rounds(make("mifa"))
     latest = {}
     for state, sampled, models in zip(run.states, SCHEDULE, run.client_models):
-        previous_params = state.params + 0.7 * state.momentum       # x_t, undoing x_{t+1} = x_t - eta_g m
+        previous_params = state.params - 0.7 * state.optimizer.momentum       # x_t, undoing x_{t+1} = x_t + eta_g m
         for client_id in sampled:
-            latest[client_id] = previous_params - models[client_id]
+            latest[client_id] = models[client_id] - previous_params
         expected = torch.stack([latest.get(i, torch.zeros(DIM)) for i in range(NUM_CLIENTS)]).sum(0) / NUM_CLIENTS
         assert torch.allclose(state.average, expected, atol=1e-6)
 

@@ -297,7 +297,7 @@ def test_mifa_under_a_selector_averages_every_clients_latest_update_by_importanc
         weights = {i: 1.0 / len(sampled) for i in sampled}
         state, _ = mifa.server_step(state, uploads, RoundInfo(round, tuple(sampled), NUM_CLIENTS, weights,
                                                               {i: float(p[i]) for i in sampled}))
-        expected = sum(float(p[i]) * latest[i].latest_update for i in latest)
+        expected = sum(float(p[i]) * latest[i].latest_model_change for i in latest)
         torch.testing.assert_close(state.average, expected)
 
 

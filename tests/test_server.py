@@ -24,9 +24,10 @@ def make_server(*extra):
 
 
 def fake_results(server, sampled, buffers_of):
-    """What the workers would send: each client's update is its id, its buffers `buffers_of(id)`."""
+    """What the workers would send: each client's model change is minus its id (a descent of its id),
+    its buffers `buffers_of(id)`."""
     d, b = server.model.num_params, server.buffers.numel()
-    results = [ClientResult(cid, Upload({"update": torch.full((d,), float(cid))}, num_samples=cid + 1,
+    results = [ClientResult(cid, Upload({"model_change": torch.full((d,), -float(cid))}, num_samples=cid + 1,
                                         metrics={"train_loss": float(cid), "local_steps": 5}), buffers_of(cid, b))
                for cid in sampled]
     return WorkerResult.pack(results)

@@ -18,6 +18,7 @@ from torch import Tensor
 from rayfed.algorithms.base import (Algorithm, AlgorithmContext, ClientTask, RoundInfo, Upload, from_keywords,
                                     local_sgd, register_algorithm, weighted_average)
 from rayfed.algorithms.params import AlgorithmParams
+from rayfed.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerState
 from rayfed.fields import Coefficient, Decay
 
 
@@ -36,20 +37,20 @@ class ProximalMomentum(ServerMomentum, Proximal):
 
 @dataclass
 class FedAvgMState:
-    params: Tensor      # x_t
-    momentum: Tensor    # m_t, zero at t = 0
+    params: Tensor                      # x_t
+    optimizer: ServerOptimizerState     # the heavy ball's m_t (model-change orientation), zero at t = 0
 
 
 class FedAvgM(Algorithm):
     """FedAvgM (Hsu et al., 2019, arXiv:1909.06335): FedAvg with server heavy-ball momentum."""
 
     Params = ServerMomentum
-    state_classes = (FedAvgMState,)
+    state_classes = (FedAvgMState, ServerOptimizerState)
     staleness_weighted = True
     fixed: ClassVar[dict[str, Any]] = {"mu": 0.0}
     keeps_client_state = False
     vectorizable = True
-    compressed_upload = "update"
+    compressed_upload = "model_change"
 
     def __init__(self, lr_local: float, lr_global: float,
                  beta1: float = 0.0, mu: float = 0.0, agg_weighting: str = "uniform"):
@@ -58,13 +59,15 @@ class FedAvgM(Algorithm):
         self.beta1 = beta1
         self.mu = mu
         self.agg_weighting = agg_weighting
+        # With beta1 = 0 the heavy ball is plain averaging: m = Delta, x <- x + lr_global Delta.
+        self.optimizer = ServerOptimizer("momentum", lr_global, beta1=beta1)
 
     @classmethod
     def from_params(cls, params: AlgorithmParams, context: AlgorithmContext) -> "FedAvgM":
         return from_keywords(cls, params, **cls.fixed)
 
     def server_init(self, params: Tensor, num_clients: int) -> FedAvgMState:
-        return FedAvgMState(params=params.clone(), momentum=params.new_zeros(params.shape))
+        return FedAvgMState(params=params.clone(), optimizer=self.optimizer.init(params))
 
     def broadcast(self, state: FedAvgMState) -> dict[str, Tensor]:
         return {"params": state.params}
@@ -76,15 +79,13 @@ class FedAvgM(Algorithm):
         global_params = down["params"]
         local, mean_loss = local_sgd(task, global_params, self.lr_local,
                                      prox_mu=self.mu, prox_center=global_params)
-        update = global_params - local      # d^(i) = x_t - x_{t,I}^(i), descent-sign
-        return Upload({"update": update}, task.num_samples, {"train_loss": mean_loss}), None
+        return Upload({"model_change": local - global_params}, task.num_samples, {"train_loss": mean_loss}), None
 
     def server_step(self, state: FedAvgMState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[FedAvgMState, dict]:
-        update = weighted_average(uploads, "update", self.agg_weighting, round_info.weights)     # d_{t+1}
-        momentum = state.momentum.mul(self.beta1).add_(update)               # m_{t+1} = beta1 m_t + d_{t+1}
-        params = state.params.sub(momentum, alpha=self.lr_global)           # x_{t+1} = x_t - eta_g m_{t+1}
-        return FedAvgMState(params=params, momentum=momentum), {}
+        change = weighted_average(uploads, "model_change", self.agg_weighting, round_info.weights)   # Delta_{t+1}
+        params, optimizer = self.optimizer.step(state.params, change, state.optimizer)   # m += ..., x + eta_g m
+        return FedAvgMState(params=params, optimizer=optimizer), {}
 
 
 register_algorithm("fedavgm")(FedAvgM)

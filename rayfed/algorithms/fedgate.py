@@ -82,7 +82,7 @@ class FedGATE(Algorithm):
     runs_async = False
     fixed: ClassVar[dict[str, Any]] = {}
     keeps_client_state = True
-    compressed_upload = "update"
+    compressed_upload = "accumulated_gradient"
     replies = True
 
     @classmethod
@@ -127,12 +127,12 @@ class FedGATE(Algorithm):
                                          lambda grad, params, step: grad - tracking)
         update = (global_params - local) / lr                              # Delta_j = sum_c (g - delta_j)
         sent = update + memory if self.memory else update
-        return (Upload({"update": sent}, task.num_samples, {"train_loss": mean_loss}),
+        return (Upload({"accumulated_gradient": sent}, task.num_samples, {"train_loss": mean_loss}),
                 FedGATEClientState(tracking=tracking, memory=memory, update=update, steps=task.steps))
 
     def server_step(self, state: FedGATEServerState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[FedGATEServerState, dict]:
-        average = weighted_average(uploads, "update", "uniform", round_info.weights)      # Delta_bar
+        average = weighted_average(uploads, "accumulated_gradient", "uniform", round_info.weights)      # Delta_bar
         if round_info.downlink is not None:
             # One compressed broadcast: the same decoded value moves the model and every client's tracking.
             average = round_info.downlink(average)

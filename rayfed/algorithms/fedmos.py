@@ -19,6 +19,7 @@ from torch import Tensor
 from rayfed.algorithms.base import (Algorithm, AlgorithmContext, ClientTask, RoundInfo, Upload, from_keywords,
                                     register_algorithm, weighted_average)
 from rayfed.algorithms.params import AlgorithmParams
+from rayfed.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerState
 from rayfed.algorithms.storm import ESTIMATORS, MINIBATCHES, step_batch, storm_descent
 from rayfed.fields import Coefficient, Decay, Flag, count, number
 
@@ -44,8 +45,8 @@ class FedMoSParams(AlgorithmParams):
 
 @dataclass
 class FedMoSState:
-    params: Tensor      # x^t
-    momentum: Tensor    # u^{t-1}, zero before round 0
+    params: Tensor                      # x^t
+    optimizer: ServerOptimizerState     # -u^{t-1} (model-change orientation), zero before round 0
 
 
 @register_algorithm("fedmos")
@@ -53,11 +54,11 @@ class FedMoS(Algorithm):
     """FedMoS (Wang et al., INFOCOM 2023): STORM client momentum, a proximal pull, server heavy ball."""
 
     Params = FedMoSParams
-    state_classes = (FedMoSState,)
+    state_classes = (FedMoSState, ServerOptimizerState)
     server_lr = False
     keeps_client_state = False
     vectorizable = True
-    compressed_upload = "delta"
+    compressed_upload = "model_change"
 
     def __init__(self, lr_local: float, lr_global: float, *, a: float, mu: float, beta1: float,
                  init_grad: str = "full", init_batch: int | None = None, client_estimator: str = "storm_paper",
@@ -75,13 +76,14 @@ class FedMoS(Algorithm):
         self.local_steps = local_steps
         self.lr_decay = lr_decay
         self.agg_weighting = agg_weighting
+        self.optimizer = ServerOptimizer("momentum", 1.0, beta1=beta1)
 
     @classmethod
     def from_params(cls, params: AlgorithmParams, context: AlgorithmContext) -> "FedMoS":
         return from_keywords(cls, params, local_steps=context.local_steps, lr_decay=context.lr_decay)
 
     def server_init(self, params: Tensor, num_clients: int) -> FedMoSState:
-        return FedMoSState(params=params.clone(), momentum=params.new_zeros(params.shape))
+        return FedMoSState(params=params.clone(), optimizer=self.optimizer.init(params))
 
     def broadcast(self, state: FedMoSState) -> dict[str, Tensor]:
         return {"params": state.params}
@@ -98,20 +100,20 @@ class FedMoS(Algorithm):
                                             anchor=global_params, minibatches=self.minibatches,
                                             estimator=self.client_estimator)
         mean_loss = (loss.double() + loss_sum) / task.steps
-        delta = params - global_params                                   # Delta_i = x_{i,I} - x^t
-        return Upload({"delta": delta}, task.num_samples,
+        return Upload({"model_change": params - global_params}, task.num_samples,     # Delta_i = x_{i,I} - x^t
                       {"train_loss": float(mean_loss) if mean_loss.ndim == 0 else mean_loss}), None
 
     def server_step(self, state: FedMoSState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[FedMoSState, dict]:
-        aggregate = weighted_average(uploads, "delta", self.agg_weighting, round_info.weights)   # sum_i w_i Delta_i
+        aggregate = weighted_average(uploads, "model_change", self.agg_weighting, round_info.weights)  # sum w_i Delta_i
         if self.skip_round0 and round_info.round == 0:
-            # The authors' code: the first aggregate moves x but never enters u (§2.2 [R]).
-            return FedMoSState(params=state.params.add(aggregate), momentum=state.momentum), {}
+            # The authors' code: the first aggregate moves x but never enters u.
+            return FedMoSState(params=state.params.add(aggregate), optimizer=state.optimizer), {}
         scale = self.lr_local * self.lr_decay ** round_info.round * self.local_steps      # eta_t I
-        momentum = state.momentum.mul(self.beta1).sub_(aggregate, alpha=1.0 / scale)
-        params = state.params.sub(momentum, alpha=scale)
-        return FedMoSState(params=params, momentum=momentum), {}
+        # Eq. 4 with -u as the heavy ball's m: m <- beta m + Delta / (eta_t I), x <- x + eta_t I m.
+        params, optimizer = self.optimizer.step(state.params, aggregate, state.optimizer, lr=scale,
+                                                scale=1.0 / scale)
+        return FedMoSState(params=params, optimizer=optimizer), {}
 
 
 def initial_direction(task: ClientTask, params: Tensor, init_grad: str, minibatches: str,

@@ -57,7 +57,7 @@ class FedOpt(Algorithm):
     fixed: ClassVar[dict[str, Any]] = {}
     keeps_client_state = False
     vectorizable = True
-    compressed_upload = "delta"
+    compressed_upload = "model_change"
 
     def __init__(self, lr_local: float, lr_global: float, *, server_optimizer: str, beta1: float = 0.0,
                  beta2: float = 0.0, tau: float | None = None, eps: float | None = None,
@@ -88,11 +88,11 @@ class FedOpt(Algorithm):
     def client_train(self, task: ClientTask, down: dict[str, Tensor], client_state: None) -> tuple[Upload, None]:
         global_params = down["params"]
         local, mean_loss = local_sgd(task, global_params, self.lr_local)
-        return Upload({"delta": local - global_params}, task.num_samples, {"train_loss": mean_loss}), None
+        return Upload({"model_change": local - global_params}, task.num_samples, {"train_loss": mean_loss}), None
 
     def server_step(self, state: FedOptState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[FedOptState, dict]:
-        pseudo_gradient = weighted_average(uploads, "delta", self.agg_weighting, round_info.weights)       # Delta_t
+        pseudo_gradient = weighted_average(uploads, "model_change", self.agg_weighting, round_info.weights)       # Delta_t
         params, optimizer = self.optimizer.step(state.params, pseudo_gradient, state.optimizer)
         return FedOptState(params=params, optimizer=optimizer), {}
 

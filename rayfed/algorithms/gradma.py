@@ -8,6 +8,7 @@ GradMA does both.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -20,6 +21,7 @@ from rayfed.algorithms.base import (FLOAT32_BYTES, Algorithm, AlgorithmContext, 
                                     from_keywords, local_sgd, register_algorithm, weighted_average)
 from rayfed.algorithms.memory import GradientMemory
 from rayfed.algorithms.params import AlgorithmParams, RunFacts
+from rayfed.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerState
 from rayfed.errors import ConfigError
 from rayfed.fields import Coefficient, Decay, count
 from rayfed.qp import QPInfo, cone_project, cone_project_blocks
@@ -27,9 +29,9 @@ from rayfed.qp import QPInfo, cone_project, cone_project_blocks
 
 @dataclass
 class GradMAServerState:
-    params: Tensor                  # x_t
-    momentum: Tensor                # mtilde_t, the corrected momentum (zero at t = 0)
-    memory: GradientMemory | None   # D, counters and buffer of mem_red; None when m = 0
+    params: Tensor                      # x_t
+    optimizer: ServerOptimizerState     # mtilde_t, the corrected momentum (model-change orientation, zero at t = 0)
+    memory: GradientMemory | None       # D of model changes, counters and buffer of mem_red; None when m = 0
 
 
 @dataclass
@@ -74,7 +76,7 @@ class GradMA(Algorithm):
     memory-corrected server momentum."""
 
     Params = BothCorrections
-    state_classes = (GradMAServerState, GradMAClientState, GradientMemory)
+    state_classes = (GradMAServerState, GradMAClientState, GradientMemory, ServerOptimizerState)
     fixed: ClassVar[dict[str, Any]] = {"correct_locally": True}
 
     @classmethod
@@ -109,6 +111,7 @@ class GradMA(Algorithm):
         self.agg_weighting = agg_weighting
         self.keeps_client_state = correct_locally and anchor_mode == "last_local"
         self.vectorizable = not correct_locally     # GradMA-S trains clients with plain local SGD
+        self.optimizer = ServerOptimizer("momentum", lr_global, beta1=beta1)
 
     def server_init(self, params: Tensor, num_clients: int) -> GradMAServerState:
         memory = None
@@ -117,7 +120,7 @@ class GradMA(Algorithm):
             memory = GradientMemory(min(self.memory_size, num_clients), params.numel(), self.beta2,
                                     blocks=self.param_blocks if self.qp_scope == "tensor" else None,
                                     device=params.device, dtype=params.dtype)
-        return GradMAServerState(params=params.clone(), momentum=params.new_zeros(params.shape), memory=memory)
+        return GradMAServerState(params=params.clone(), optimizer=self.optimizer.init(params), memory=memory)
 
     def broadcast(self, state: GradMAServerState) -> dict[str, Tensor]:
         return {"params": state.params}
@@ -134,11 +137,11 @@ class GradMA(Algorithm):
         global_params = down["params"]
         if not self.correct_locally:
             local, mean_loss = local_sgd(task, global_params, self.lr_local)
-            return Upload({"update": global_params - local}, task.num_samples, {"train_loss": mean_loss}), None
+            return Upload({"model_change": local - global_params}, task.num_samples, {"train_loss": mean_loss}), None
         local, mean_loss, infos = self._worker_update(task, global_params, client_state)
         metrics = {"train_loss": mean_loss, **_combine([_qp_row(info, "qp_local") for info in infos], "qp_local")}
         new_state = GradMAClientState(local.clone()) if self.anchor_mode == "last_local" else None
-        return Upload({"update": global_params - local}, task.num_samples, metrics), new_state
+        return Upload({"model_change": local - global_params}, task.num_samples, metrics), new_state
 
     def _worker_update(self, task: ClientTask, global_params: Tensor,
                        client_state: GradMAClientState | None) -> tuple[Tensor, float, list[QPInfo]]:
@@ -166,20 +169,24 @@ class GradMA(Algorithm):
 
     def server_step(self, state: GradMAServerState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[GradMAServerState, dict]:
-        update = weighted_average(uploads, "update", self.agg_weighting, round_info.weights)          # d_{t+1}
-        momentum = state.momentum.mul(self.beta1).add_(update)                    # m_{t+1} = beta1 mtilde_t + d_{t+1}
+        change = weighted_average(uploads, "model_change", self.agg_weighting, round_info.weights)   # Delta_{t+1}
+        optimizer = self.optimizer.accumulate(change, state.optimizer)        # m_{t+1} = beta1 mtilde_t + Delta_{t+1}
+        momentum = optimizer.momentum
         metrics = _combine([upload.metrics for upload in uploads.values()], "qp_local") if self.correct_locally else {}
         if state.memory is not None:
             # mem_red (spec §3.8) only depends on who took part, so it can run after training.
             participants = [client_id for client_id in round_info.sampled if client_id in uploads]
             evicted = state.memory.admit(participants)
-            state.memory.update({client_id: uploads[client_id].tensors["update"] for client_id in participants})
+            state.memory.update({client_id: uploads[client_id].tensors["model_change"] for client_id in participants})
             momentum, info = self._project(momentum, state.memory.rows, self.qp_margin_global,
                                            gram=state.memory.gram)                # mtilde_{t+1} = QP_g(m_{t+1}, D)
             metrics.update(_qp_row(info, "qp_global"))
             metrics.update(memory_rows=len(state.memory.buffered), memory_evictions=len(evicted))
-        params = state.params.sub(momentum, alpha=self.lr_global)                # x_{t+1} = x_t - eta_g mtilde_{t+1}
-        return GradMAServerState(params=params, momentum=momentum, memory=state.memory), metrics
+        # The cone projection is odd (QP(-m, -D) = -QP(m, D)), so model changes and momenta of the
+        # opposite sign to the paper's updates give its iterates: x_{t+1} = x_t + eta_g mtilde_{t+1}.
+        params = state.params.add(momentum, alpha=self.lr_global)
+        return (GradMAServerState(params=params, optimizer=dataclasses.replace(optimizer, momentum=momentum),
+                                  memory=state.memory), metrics)
 
     def _project(self, vector: Tensor, constraints: Tensor, margin: float,
                  gram: Tensor | None = None) -> tuple[Tensor, QPInfo]:

@@ -4,8 +4,8 @@ Under a selector other than uniform (specs/fedmos.md §3), whose target is sum_i
 average weights each client's latest update by its importance p_i instead of 1/N; the selector
 then only decides whose update is refreshed.
 
-Each client keeps its latest update g_old and uploads the change Delta = g_new - g_old, so the
-server's running average needs O(d) memory; the N latest updates live with the clients.
+Each client keeps its latest model change g_old = y - x and uploads the difference g_new - g_old,
+so the server's running average needs O(d) memory; the N latest model changes live with the clients.
 """
 from __future__ import annotations
 
@@ -18,19 +18,20 @@ from torch import Tensor
 from rayfed.algorithms.base import (FLOAT32_BYTES, Algorithm, AlgorithmContext, ClientTask, RoundInfo, Upload,
                                     from_keywords, local_sgd, register_algorithm)
 from rayfed.algorithms.params import AlgorithmParams
+from rayfed.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerState
 from rayfed.fields import Decay
 
 
 @dataclass
 class MIFAServerState:
-    params: Tensor      # x_t
-    average: Tensor     # dbar_t = (1/N) sum_i g_old^(i), zeros for never-sampled clients
-    momentum: Tensor    # m_t
+    params: Tensor                      # x_t
+    average: Tensor                     # (1/N) sum_i g_old^(i), zeros for never-sampled clients
+    optimizer: ServerOptimizerState     # the heavy ball's m_t (model-change orientation)
 
 
 @dataclass
 class MIFAClientState:
-    latest_update: Tensor   # g_old^(i); absent (None state) means the spec's initial 0
+    latest_model_change: Tensor   # g_old^(i); absent (None state) means the initial 0
 
 
 class MIFAMParams(AlgorithmParams):
@@ -43,7 +44,7 @@ class MIFA(Algorithm):
     client's latest update."""
 
     Params = AlgorithmParams
-    state_classes = (MIFAServerState, MIFAClientState)
+    state_classes = (MIFAServerState, MIFAClientState, ServerOptimizerState)
     # It averages the latest updates of all N clients: there is no weighting to choose.
     weighted = False
     fixed: ClassVar[dict[str, Any]] = {"beta1": 0.0}
@@ -59,10 +60,11 @@ class MIFA(Algorithm):
         self.lr_local = lr_local
         self.lr_global = lr_global
         self.beta1 = beta1
+        self.optimizer = ServerOptimizer("momentum", lr_global, beta1=beta1)
 
     def server_init(self, params: Tensor, num_clients: int) -> MIFAServerState:
         return MIFAServerState(params=params.clone(), average=params.new_zeros(params.shape),
-                               momentum=params.new_zeros(params.shape))
+                               optimizer=self.optimizer.init(params))
 
     def broadcast(self, state: MIFAServerState) -> dict[str, Tensor]:
         return {"params": state.params}
@@ -74,25 +76,24 @@ class MIFA(Algorithm):
                      client_state: MIFAClientState | None) -> tuple[Upload, MIFAClientState]:
         global_params = down["params"]
         local, mean_loss = local_sgd(task, global_params, self.lr_local)
-        latest = global_params - local                                      # g_new = x_t - y
-        change = latest if client_state is None else latest - client_state.latest_update
-        return (Upload({"change": change}, task.num_samples, {"train_loss": mean_loss}),
-                MIFAClientState(latest_update=latest))
+        latest = local - global_params                                      # g_new = y - x_t
+        difference = latest if client_state is None else latest - client_state.latest_model_change
+        return (Upload({"model_change_difference": difference}, task.num_samples, {"train_loss": mean_loss}),
+                MIFAClientState(latest_model_change=latest))
 
     def server_step(self, state: MIFAServerState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[MIFAServerState, dict]:
-        change_sum = state.average.new_zeros(state.average.shape)
+        difference_sum = state.average.new_zeros(state.average.shape)
         if round_info.importances is not None:
             for client, upload in uploads.items():
-                change_sum.add_(upload.tensors["change"], alpha=round_info.importances[client])
+                difference_sum.add_(upload.tensors["model_change_difference"], alpha=round_info.importances[client])
         else:
             for upload in uploads.values():
-                change_sum.add_(upload.tensors["change"])
-            change_sum.div_(round_info.num_clients)                              # always 1/N, never 1/S
-        average = state.average.add(change_sum)
-        momentum = state.momentum.mul(self.beta1).add_(average)                  # m_{t+1} = beta1 m_t + dbar_{t+1}
-        params = state.params.sub(momentum, alpha=self.lr_global)
-        return MIFAServerState(params=params, average=average, momentum=momentum), {}
+                difference_sum.add_(upload.tensors["model_change_difference"])
+            difference_sum.div_(round_info.num_clients)                          # always 1/N, never 1/S
+        average = state.average.add(difference_sum)
+        params, optimizer = self.optimizer.step(state.params, average, state.optimizer)   # m += ..., x + eta_g m
+        return MIFAServerState(params=params, average=average, optimizer=optimizer), {}
 
 
 @register_algorithm("mifam")

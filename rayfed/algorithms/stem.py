@@ -87,13 +87,13 @@ class STEM(Algorithm):
         params, direction, loss_sum = storm_descent(task, params, direction, self.lr_local, self.a,
                                                     minibatches=self.minibatches, correct_after_last=True)
         mean_loss = loss_sum / task.steps
-        return Upload({"delta": params - global_params, "momentum": direction}, task.num_samples,
+        return Upload({"model_change": params - global_params, "momentum": direction}, task.num_samples,
                       {"train_loss": float(mean_loss) if mean_loss.ndim == 0 else mean_loss}), None
 
     def server_step(self, state: STEMState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[STEMState, dict]:
         weights = round_info.weights
-        params = state.params.add(weighted_average(uploads, "delta", self.agg_weighting, weights))
+        params = state.params.add(weighted_average(uploads, "model_change", self.agg_weighting, weights))
         if weights is not None and self.momentum_weights == "normalized":
             total = sum(weights[client] for client in uploads)
             weights = {client: weights[client] / total for client in uploads}
