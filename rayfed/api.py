@@ -18,7 +18,7 @@ from rayfed.config import Config, check_path, load_config, resolve
 from rayfed.data import Dataset, Partition, class_histogram, load_dataset, make_partition, write_histogram_csv
 from rayfed.engine import make_engine
 from rayfed.engine.process_memory import peak_rss, total_peak_rss
-from rayfed.engine.loop import ServerLost, WorkerLost
+from rayfed.engine.lost import ServerLost, WorkerLost
 from rayfed.engine.supervisor import Supervisor, WorkersGone
 from rayfed.engine.vectorized import vectorize_blocker
 from rayfed.errors import ConfigError, RunFinished, RunStopped

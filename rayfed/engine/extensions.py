@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rayfed.engine.lost import WorkerLost
 from rayfed.engine.worker import assign_to_workers
 from rayfed.errors import ConfigError
 from rayfed.seeding import Purpose
@@ -68,7 +69,6 @@ class Reply(Extension):
     def after_step(self, engine, turn: Turn, metrics: dict) -> dict:
         if turn.reply is None:
             return {}
-        from rayfed.engine.loop import WorkerLost
         tensors, participants = turn.reply
         summarize = "test_accuracy" in metrics
         finishing = range(len(engine.workers)) if summarize else list(turn.delivered)

@@ -13,18 +13,6 @@ from rayfed.engine.worker import assign_to_workers
 from rayfed.faults import SERVER, Fault, FaultSchedule
 
 
-class WorkerLost(Exception):
-    """Workers whose process died, or that Ray restarted without their shard, while asked for something."""
-
-    def __init__(self, workers: list[int]):
-        super().__init__(workers)
-        self.workers = workers
-
-
-class ServerLost(Exception):
-    """The server actor's process died."""
-
-
 class Engine(Protocol):
     server: Any
     workers: list[Any]

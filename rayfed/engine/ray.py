@@ -20,7 +20,7 @@ from ray._private import state as ray_state
 
 from rayfed.config import Config
 from rayfed.data import Dataset, Partition
-from rayfed.engine.loop import ServerLost, WorkerLost
+from rayfed.engine.lost import ServerLost, WorkerLost
 from rayfed.engine.server import Server, clients_train_data
 from rayfed.engine.worker import ClientWorker
 from rayfed.errors import ConfigError, first_line

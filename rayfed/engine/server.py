@@ -23,7 +23,7 @@ from rayfed.algorithms.base import AlgorithmContext, build_algorithm
 from rayfed.algorithms.local_training import LocalSchedule
 from rayfed.compression.codec import Codec, sent_bytes
 from rayfed.config import Config
-from rayfed.engine.aggregation import Aggregation, weighted_buffers
+from rayfed.engine.aggregation import Aggregation
 from rayfed.engine.evaluation import Evaluation, gradient_similarity
 from rayfed.engine.messages import Broadcast, WorkerResult
 from rayfed.engine.process_memory import peak_rss
@@ -293,5 +293,3 @@ def clients_train_data(config: Config, train_data: tuple[np.ndarray, np.ndarray]
     rows = np.concatenate([partition.client(client) for client in range(partition.num_clients)])
     return train_data[0][rows], train_data[1][rows]
 
-
-__all__ = ["Server", "clients_train_data", "weighted_buffers"]

@@ -20,7 +20,8 @@ from typing import Any, Callable
 from rayfed.checkpoint import Checkpoint, config_sha256, has_checkpoint, read_checkpoint, write_checkpoint
 from rayfed.config import Config
 from rayfed.engine.extensions import Extension, make_extensions
-from rayfed.engine.loop import Engine, ServerLost, WorkerLost, enact_due, play_round
+from rayfed.engine.loop import Engine, enact_due, play_round
+from rayfed.engine.lost import ServerLost, WorkerLost
 from rayfed.engine.worker import client_owner
 from rayfed.errors import RunStopped
 from rayfed.faults import SERVER, FaultSchedule
