@@ -46,6 +46,9 @@ class Aggregation:
             self.buffers = weighted_buffers(counted)
         return metrics, reply
 
+    def extensions(self) -> list[tuple[str, dict]]:
+        return [("reply", {})] if self.algorithm.replies else []
+
     def model_finite(self) -> bool:
         return bool(torch.isfinite(self.global_params()).all())
 

@@ -23,6 +23,9 @@ class Evaluation:
         self.every = train.eval_every
         self.similarity_clients = list(range(train.similarity_clients))
 
+    def extensions(self) -> list[tuple[str, dict]]:
+        return [("gradient_similarity", {"clients": self.similarity_clients})] if self.similarity_clients else []
+
     def due(self, round: int) -> bool:
         return (round + 1) % self.every == 0 or round + 1 == self.rounds
 

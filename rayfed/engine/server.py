@@ -137,17 +137,10 @@ class Server:
         return metrics, None if reply is None else (reply, {r.client_id for r in counted})
 
     def extensions(self) -> list[tuple[str, dict]]:
-        """What the components add to the run, for the driver (rayfed.engine.extensions): CACS's
-        warm-up before round 0, the algorithm's reply after each step, the similarity diagnostic
-        at evaluations."""
-        wanted = []
-        if self.sampler.needs_warmup():
-            wanted.append(("selection_warmup", {}))
-        if self.algorithm.replies:
-            wanted.append(("reply", {}))
-        if self.evaluation.similarity_clients:
-            wanted.append(("gradient_similarity", {"clients": self.evaluation.similarity_clients}))
-        return wanted
+        """What the components add to the run, each naming its own hooks for the driver
+        (rayfed.engine.extensions): the selector's warm-up before round 0, the algorithm's reply
+        after each step, the diagnostics of evaluations."""
+        return [*self.sampler.extensions(), *self.aggregation.extensions(), *self.evaluation.extensions()]
 
     @property
     def state(self):

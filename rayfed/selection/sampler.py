@@ -35,6 +35,9 @@ class ClientSampler:
     def needs_warmup(self) -> bool:
         return SELECTORS.get(self.section.selector).warmup and self.client_order is None
 
+    def extensions(self) -> list[tuple[str, dict]]:
+        return [("selection_warmup", {})] if self.needs_warmup() else []
+
     def order_from(self, gradients: np.ndarray) -> np.ndarray:
         """CACS: the clients clustered by their full local gradients (one row each) fix the order the
         selector fills its draws in. Returns the cluster sizes."""
