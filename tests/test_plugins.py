@@ -171,7 +171,7 @@ def test_a_state_class_the_plugin_does_not_declare_stops_the_run(tmp_path, monke
     spec = write(tmp_path, "undeclared.py", """
         from dataclasses import dataclass
         import rayfed
-        from rayfed.algorithms.fedavg import FedAvg, FedAvgMState
+        from rayfed.algorithms.fedavg import FedAvg
 
         @dataclass
         class Extra:
@@ -179,7 +179,7 @@ def test_a_state_class_the_plugin_does_not_declare_stops_the_run(tmp_path, monke
 
         @rayfed.register_algorithm("undeclared")
         class Undeclared(FedAvg):
-            state_classes = (FedAvgMState,)
+            state_classes = FedAvg.state_classes
 
             def client_init(self, client_id):
                 return Extra(0)
@@ -190,7 +190,7 @@ def test_a_state_class_the_plugin_does_not_declare_stops_the_run(tmp_path, monke
         """)
     try:
         with pytest.raises(rayfed.ConfigError, match="^algorithm 'undeclared' returned a client state of class Extra, "
-                                                     r"which its state_classes do not list \(FedAvgMState\)"):
+                                                     r"which its state_classes do not list \(FedAvgMState, ServerOptimizerState\)"):
             rayfed.run(rayfed.load_config(None, [f"plugins=[{spec}]", "algorithm.name=undeclared",
                                                  "engine.backend=local", "train.rounds=2"]),
                        run_dir=tmp_path / "run", progress=False)
