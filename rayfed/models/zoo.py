@@ -178,8 +178,8 @@ def char_lstm(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
 
 @register_model("mnist_cnn")
 def mnist_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """FedMoS's MNIST CNN (specs/fedmos.md §7.3, the authors' code): two 5x5 conv blocks of 10 and
-    20 channels, the second with Dropout2d, then FC 50 with dropout. d = 21,840 on 1x28x28."""
+    """FedMoS's MNIST CNN (Wang et al., INFOCOM 2023, Section VII; the authors' code): two 5x5 conv
+    blocks of 10 and 20 channels, the second with Dropout2d, then FC 50 with dropout. d = 21,840 on 1x28x28."""
     channels, height, width = _image_shape(input_shape)
     side_h, side_w = _after_blocks(height, width, "mnist_cnn", (5, 2), (5, 2))
     return nn.Sequential(
@@ -193,8 +193,8 @@ def mnist_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
 
 @register_model("cifar_cnn3fc")
 def cifar_cnn3fc(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """FedMoS's CIFAR model as its paper describes it (§7.3, "three fully connected layers"): the
-    classic LeNet-5, conv 6 and 16 channels, FC 120-84. d = 62,006 on 3x32x32."""
+    """FedMoS's CIFAR model as its paper describes it (Wang et al., INFOCOM 2023, Section VII: "three
+    fully connected layers"): the classic LeNet-5, conv 6 and 16 channels, FC 120-84. d = 62,006 on 3x32x32."""
     channels, height, width = _image_shape(input_shape)
     side_h, side_w = _after_blocks(height, width, "cifar_cnn3fc", (5, 2), (5, 2))
     return nn.Sequential(
@@ -209,8 +209,8 @@ def cifar_cnn3fc(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
 
 @register_model("cifar_cnn_ref")
 def cifar_cnn_ref(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """FedMoS's CIFAR model as the authors' code has it (§7.3): three 3x3 convs of 32-64-64 channels
-    with dropout 0.2, FC 64. d = 122,570 on 3x32x32."""
+    """FedMoS's CIFAR model as the authors' code has it (Wang et al., INFOCOM 2023): three 3x3 convs
+    of 32-64-64 channels with dropout 0.2, FC 64. d = 122,570 on 3x32x32."""
     channels, height, width = _image_shape(input_shape)
     side_h, side_w = _after_blocks(height, width, "cifar_cnn_ref", (3, 2), (3, 2), (3, 1))
     return nn.Sequential(
