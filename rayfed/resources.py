@@ -13,7 +13,8 @@ from rayfed.algorithms.base import build_algorithm
 from rayfed.data.base import sample_count
 from rayfed.errors import ConfigError, first_line
 from rayfed.models import build_model
-from rayfed.registry import DATASETS, MODELS, SELECTORS, Entry
+from rayfed.models.forward import structure_problem
+from rayfed.registry import ALGORITHMS, DATASETS, MODELS, SELECTORS, Entry
 
 FLOAT32_BYTES = 4
 FLOAT64_BYTES = 8
@@ -65,6 +66,12 @@ def check_model(config) -> torch.nn.Module:
         raise ConfigError(f"model.name={name} does not fit data.dataset={dataset} "
                           f"({_inputs(DATASETS.get(dataset))}): {problem}; use one of: {', '.join(fitting)}")
     model = meta_model(name, dataset, tuple(config.model.hidden_sizes))
+    needs = ALGORITHMS.get(config.algorithm.name).target.model_needs
+    if needs and (problem := structure_problem(model, needs, name)):
+        fitting = [other for other in MODELS if not input_misfit(other, dataset)
+                   and not structure_problem(meta_model(other, dataset, (1,)), needs, other)]
+        raise ConfigError(f"algorithm.name={config.algorithm.name} takes the model's {needs}: {problem}; "
+                          f"use one of: {', '.join(fitting)}")
     if config.train.batch_size == 1 and any(isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
                                             for module in model.modules()):
         raise ConfigError(f"train.batch_size=1: model.name={name} has BatchNorm, which cannot train on "

@@ -121,11 +121,12 @@ def test_c18_the_worker_trains_round_t_with_gamma_to_the_t(tmp_path):
 
 def test_decoupled_decay_uses_the_rounds_decayed_rate_and_leaves_the_direction_alone():
     from rayfed.algorithms.base import local_sgd
+    from rayfed.algorithms.objective import LocalObjective, Proximal
     x = torch.tensor([1.0, -2.0], dtype=torch.float64)
     g = torch.tensor([0.5, 0.25], dtype=torch.float64)
     task = TrainingTask(ScriptedTask([g, g]), steps=2, lr_factor=0.5, weight_decay=0.1, decoupled=True)
     center = torch.tensor([0.3, 0.3], dtype=torch.float64)
-    y, _ = local_sgd(task, x, 0.2, prox_mu=1.0, prox_center=center)
+    y, _ = local_sgd(task, x, 0.2, LocalObjective(terms=(Proximal(1.0, center),)))
     expected = x.clone()
     for _ in range(2):      # the proximal term at the undecayed iterate, then x <- (1 - lr lambda) x - lr d
         direction = g + (expected - center)

@@ -12,8 +12,11 @@ from typing import Any, Callable, Protocol
 import torch
 from torch import Tensor
 
+from rayfed.algorithms.objective import LocalObjective, OutputLoss
 from rayfed.algorithms.params import AlgorithmParams
 from rayfed.errors import ConfigError
+from rayfed.models.flat import FlatModel
+from rayfed.models.forward import ModelForward
 from rayfed.registry import ALGORITHMS
 
 Batch = tuple[Tensor, Tensor]
@@ -44,6 +47,19 @@ class ClientTask(Protocol):
         """`size` samples (default the batch size) drawn without replacement, independently of the
         other draws: the minibatches of specs/fedmos.md A19, whose estimator needs each fresh batch
         unbiased given the past (next_batch's epochs are not)."""
+
+    def objective_loss_and_grad(self, params: Tensor, batch: Batch, loss_fn: OutputLoss) -> tuple[Tensor, Tensor]:
+        """loss_and_grad of `loss_fn(model, inputs, targets)`, a loss of the model's outputs that
+        replaces cross-entropy (algorithms.objective): `model` is the model at `params`, and the loss
+        may also run frozen passes (forward_at)."""
+
+    def buffers(self) -> Tensor:
+        """A copy of the resident model's running statistics (BatchNorm); at the start of
+        client_train they are the broadcast's."""
+
+    def forward_at(self, params: Tensor, buffers: Tensor, train: bool = False) -> ModelForward:
+        """The model's passes at another parameter vector with running statistics `buffers`, frozen:
+        no gradient reaches `params` (rayfed.models.forward)."""
 
     def paired_loss_and_grad(self, current: Tensor, previous: Tensor, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
         """loss_and_grad at `current`, and the gradient at `previous` on the same batch with the same
@@ -92,15 +108,21 @@ class AlgorithmContext:
     """What an algorithm is built with besides its parameters: the model's parameter tensors as
     (start, end) blocks of the flat vector, and the local work of a round (train.local_steps or
     local_epochs: I) with the client learning rate's decay (train.lr_decay), which some server
-    steps scale by (FedMoS's eta_t I, FedGATE's eta_t)."""
+    steps scale by (FedMoS's eta_t I, FedGATE's eta_t); and the run's initial model x_0 with its
+    running statistics, the same in every process (MOON's previous model of a client that has not
+    trained yet). The memory estimate builds algorithms without a model: no x_0 there."""
 
     param_blocks: tuple[tuple[int, int], ...] = ()
     local_steps: int = 1
     lr_decay: float = 1.0
+    initial_params: Tensor | None = None
+    initial_buffers: Tensor | None = None
 
     @classmethod
-    def of_run(cls, param_blocks, train) -> "AlgorithmContext":
-        return cls(tuple(map(tuple, param_blocks)), train.local_epochs or train.local_steps, train.lr_decay)
+    def of_run(cls, model: FlatModel, train) -> "AlgorithmContext":
+        """The context of a run whose process has just built `model`, initialised as x_0."""
+        return cls(tuple(map(tuple, model.blocks)), train.local_epochs or train.local_steps, train.lr_decay,
+                   model.params.clone(), model.buffers.clone())
 
 
 class Algorithm:
@@ -140,6 +162,9 @@ class Algorithm:
     # Whether the server replies to the round's clients after its step (server_reply), and they
     # update their state with it (client_finish): FedGATE's tracking needs the round's average.
     replies = False
+    # What its local objective takes from the model beyond the logits (rayfed.models.forward):
+    # "features" (the representation, MOON's) or "blocks" (two or more, FedMLB's); checked before a run.
+    model_needs: str | None = None
     # Whether a deployment sends the broadcast to the round's clients (False: they keep the model
     # themselves, FedGATE's Option I); rayfed's engines move it either way.
     sends_model = True
@@ -276,10 +301,11 @@ def weighted_average(uploads: dict[int, Upload], name: str, weighting: str,
     return total
 
 
-def local_descent(task: ClientTask, start: Tensor, lr: float,
-                  direction: Callable[[Tensor, Tensor, int], Tensor]) -> tuple[Tensor, float | Tensor]:
+def local_descent(task: ClientTask, start: Tensor, lr: float, direction: Callable[[Tensor, Tensor, int], Tensor],
+                  output_loss: OutputLoss | None = None) -> tuple[Tensor, float | Tensor]:
     """task.steps steps x <- x - lr_t * direction(g, x, k) from `start`, k = 1, 2, ..., with the
-    round's decayed rate lr_t = lr * task.lr_factor: the loop every local optimizer shares.
+    round's decayed rate lr_t = lr * task.lr_factor: the loop every local optimizer shares. g is the
+    minibatch gradient of cross-entropy, or of `output_loss` (algorithms.objective) when given.
     Returns the final iterate (the resident model's vector, updated in place) and the mean
     minibatch loss over the steps. With a stack of clients (a ClientBatchTask) the iterates are
     (clients, d) and the losses a (clients,) tensor."""
@@ -287,7 +313,11 @@ def local_descent(task: ClientTask, start: Tensor, lr: float,
     lr = lr * task.lr_factor
     loss_sum = 0.0
     for step in range(1, task.steps + 1):
-        loss, grad = task.loss_and_grad(params, task.next_batch())
+        batch = task.next_batch()
+        if output_loss is None:
+            loss, grad = task.loss_and_grad(params, batch)
+        else:
+            loss, grad = task.objective_loss_and_grad(params, batch, output_loss)
         step_direction = direction(grad, params, step)
         task.decay(params, lr)
         params.sub_(step_direction, alpha=lr)
@@ -297,9 +327,7 @@ def local_descent(task: ClientTask, start: Tensor, lr: float,
 
 
 def local_sgd(task: ClientTask, start: Tensor, lr: float,
-              prox_mu: float = 0.0, prox_center: Tensor | None = None) -> tuple[Tensor, float | Tensor]:
-    """Plain SGD steps from `start` (local_descent), optionally on the FedProx objective
-    F_i(w) + mu/2 ||w - prox_center||^2."""
-    if not prox_mu:
-        return local_descent(task, start, lr, lambda grad, params, step: grad)
-    return local_descent(task, start, lr, lambda grad, params, step: grad.add(params - prox_center, alpha=prox_mu))
+              objective: LocalObjective = LocalObjective()) -> tuple[Tensor, float | Tensor]:
+    """Plain SGD steps from `start` (local_descent) on a local objective: by default the client's
+    mean cross-entropy F_i(w); FedProx's adds Proximal(mu, x)."""
+    return local_descent(task, start, lr, objective.direction, objective.output_loss)

@@ -39,8 +39,13 @@ def describe_algorithm(name: str) -> str:
               f"  train.round_policy=async_buffered: {'yes' if cls.runs_async and not cls.averages_models else 'no'}",
               f"  engine.vectorize: {'yes' if algorithm.vectorizable else 'no'}",
               f"  server reply after each round: {'yes' if algorithm.replies else 'no'}",
+              f"  model: {MODEL_NEEDS[cls.model_needs]}",
               f"  state classes: {', '.join(state.__name__ for state in cls.state_classes) or 'none'}"]
     return "\n".join(lines) + "\n"
+
+
+MODEL_NEEDS = {None: "any", "features": "one whose representation it can take (an nn.Sequential)",
+               "blocks": "one that declares two or more blocks (rayfed.models.forward.with_structure)"}
 
 
 def _takes_compression(algorithm) -> str:

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from rayfed.algorithms.base import (Algorithm, AlgorithmContext, ClientTask, RoundInfo, Upload, from_keywords,
                                     local_sgd, register_algorithm, weighted_average)
+from rayfed.algorithms.objective import LocalObjective, Proximal
 from rayfed.algorithms.params import AlgorithmParams
 from rayfed.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerState
 from rayfed.fields import Coefficient, Decay
@@ -26,12 +27,12 @@ class ServerMomentum(AlgorithmParams):
     beta1: Decay = Field(0.9, description="server heavy-ball momentum: m <- beta1 m + d, x <- x - lr_global m")
 
 
-class Proximal(AlgorithmParams):
+class ProximalParams(AlgorithmParams):
     mu: Coefficient = Field(0.01, description="FedProx's proximal coefficient: clients minimise "
                                               "F_i(w) + mu/2 ||w - x_t||^2")
 
 
-class ProximalMomentum(ServerMomentum, Proximal):
+class ProximalMomentum(ServerMomentum, ProximalParams):
     pass
 
 
@@ -77,8 +78,8 @@ class FedAvgM(Algorithm):
 
     def client_train(self, task: ClientTask, down: dict[str, Tensor], client_state: None) -> tuple[Upload, None]:
         global_params = down["params"]
-        local, mean_loss = local_sgd(task, global_params, self.lr_local,
-                                     prox_mu=self.mu, prox_center=global_params)
+        objective = LocalObjective(terms=(Proximal(self.mu, global_params),))      # F_i(w) + mu/2 ||w - x||^2
+        local, mean_loss = local_sgd(task, global_params, self.lr_local, objective)
         return Upload({"model_change": local - global_params}, task.num_samples, {"train_loss": mean_loss}), None
 
     def server_step(self, state: FedAvgMState, uploads: dict[int, Upload],
@@ -103,7 +104,7 @@ class FedAvg(FedAvgM):
 class FedProx(FedAvgM):
     """FedProx (Li et al., MLSys 2020, arXiv:1812.06127): local SGD on the proximal objective."""
 
-    Params = Proximal
+    Params = ProximalParams
     fixed = {"beta1": 0.0}
 
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from rayfed.algorithms.base import Batch, ClientTask
+from rayfed.algorithms.base import Batch, ClientTask, OutputLoss
+from rayfed.models.forward import ModelForward
 
 # torch.nn.utils.clip_grad_norm_'s guard against a zero norm; the same formula keeps our clipping
 # equal to what a PyTorch training loop would do.
@@ -105,6 +106,16 @@ class TrainingTask:
     def loss_and_grad(self, params: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
         loss, grad = self.task.loss_and_grad(params, batch)
         return loss, self._regularised(grad, params)
+
+    def objective_loss_and_grad(self, params: Tensor, batch: Batch, loss_fn: OutputLoss) -> tuple[Tensor, Tensor]:
+        loss, grad = self.task.objective_loss_and_grad(params, batch, loss_fn)
+        return loss, self._regularised(grad, params)
+
+    def buffers(self) -> Tensor:
+        return self.task.buffers()
+
+    def forward_at(self, params: Tensor, buffers: Tensor, train: bool = False) -> ModelForward:
+        return self.task.forward_at(params, buffers, train)
 
     def paired_loss_and_grad(self, current: Tensor, previous: Tensor, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
         loss, grad, previous_grad = self.task.paired_loss_and_grad(current, previous, batch)

@@ -6,7 +6,7 @@ import copy
 import os
 import time
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult, Worker
 from rayfed.engine.process_memory import peak_rss
 from rayfed.engine.vectorized import FULL_GRADIENT_CHUNK, ClientBatchTask
 from rayfed.models import FlatModel, build_model
+from rayfed.models.forward import ModelForward
 from rayfed.seeding import Purpose, derive_seed, seed_global_torch, torch_generator
 
 
@@ -118,15 +119,30 @@ class ClientTask:
         return self.sample_indices[chosen.to(self.sample_indices.device)]
 
     def loss_and_grad(self, params: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
+        return self._at(params, lambda: self.model.loss_and_grad(*batch))
+
+    def objective_loss_and_grad(self, params: Tensor, batch: Batch,
+                                loss_fn: Callable[[ModelForward, Tensor, Tensor], Tensor]) -> tuple[Tensor, Tensor]:
+        return self._at(params, lambda: self.model.objective_loss_and_grad(loss_fn, *batch))
+
+    def _at(self, params: Tensor, evaluate: Callable[[], tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+        """`evaluate()` with the resident model at `params`; anywhere but the resident vector, the
+        resident parameters and running statistics are restored afterwards."""
         if params is self.model.params:
-            return self.model.loss_and_grad(*batch)
+            return evaluate()
         resident_params = self.model.params.clone()
         resident_buffers = self.model.buffers.clone()
         self.model.params.copy_(params)
-        loss, grad = self.model.loss_and_grad(*batch)
+        loss, grad = evaluate()
         self.model.params.copy_(resident_params)
         self.model.buffers.copy_(resident_buffers)
         return loss, grad
+
+    def buffers(self) -> Tensor:
+        return self.model.buffers.clone()
+
+    def forward_at(self, params: Tensor, buffers: Tensor, train: bool = False) -> ModelForward:
+        return self.model.forward_at(params, buffers, train)
 
     def paired_loss_and_grad(self, current: Tensor, previous: Tensor, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
         """The loss and gradient at `current` and the gradient at `previous` on the same batch with
@@ -167,10 +183,11 @@ class ClientWorker:
         self.partition = partition
         self.worker_index = worker_index
         self.num_workers = num_workers
-        torch.manual_seed(0)    # the architecture's own init is overwritten by every broadcast
+        # The server's seed: the resident model starts as x_0, which the algorithm's context holds.
+        torch.manual_seed(derive_seed(config.seed, Purpose.MODEL_INIT))
         self.model = FlatModel(build_model(config.model.name, input_shape, num_classes,
                                            config.model.hidden_sizes), self.device)
-        self.algorithm = build_algorithm(config.algorithm, AlgorithmContext.of_run(self.model.blocks, config.train))
+        self.algorithm = build_algorithm(config.algorithm, AlgorithmContext.of_run(self.model, config.train))
         # compression.*: the algorithm's upload as it travels to the server.
         self.codec = Codec(config.compression, self.algorithm.compressed_upload, self.model.blocks,
                            self.model.num_params, config.seed)

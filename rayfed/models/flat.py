@@ -7,9 +7,13 @@ per-layer copies. Floating-point buffers (BatchNorm running statistics) are view
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from rayfed.models.forward import ModelForward, Structure, structure_of
 
 
 class FlatModel:
@@ -28,6 +32,13 @@ class FlatModel:
             parameter.grad = self.grad[offset:offset + parameter.numel()].view_as(parameter)
             offset += parameter.numel()
         self.buffers = _flatten_into_views([b for b in module.buffers() if b.is_floating_point()])
+        self._structure: Structure | None = None
+
+    @property
+    def structure(self) -> Structure:
+        if self._structure is None:
+            self._structure = structure_of(self.module)
+        return self._structure
 
     @property
     def num_params(self) -> int:
@@ -39,6 +50,32 @@ class FlatModel:
         loss = F.cross_entropy(self.module(inputs), targets)
         loss.backward()
         return loss.detach(), self.grad
+
+    def objective_loss_and_grad(self, loss_fn: Callable[[ModelForward, Tensor, Tensor], Tensor],
+                                inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """`loss_fn(model, inputs, targets)` at the current `params` and its gradient, in train mode:
+        a local objective of the model's outputs, possibly beside frozen passes (forward_at)."""
+        self.grad.zero_()
+        loss = loss_fn(ModelForward(self.module, self.structure), inputs, targets)
+        loss.backward()
+        return loss.detach(), self.grad
+
+    def forward_at(self, params: Tensor, buffers: Tensor, train: bool = False) -> ModelForward:
+        """The model's passes at `params` with running statistics `buffers` (copied: a pass in train
+        mode updates its own), frozen: no gradient reaches `params`."""
+        tensors = {}
+        trainable = [(name, p) for name, p in self.module.named_parameters() if p.requires_grad]
+        for (name, parameter), (start, stop) in zip(trainable, self.blocks):
+            tensors[name] = params[start:stop].detach().view_as(parameter)
+        buffers = buffers.detach().clone()
+        offset = 0
+        for name, buffer in self.module.named_buffers():
+            if buffer.is_floating_point():
+                tensors[name] = buffers[offset:offset + buffer.numel()].view_as(buffer)
+                offset += buffer.numel()
+            else:     # BatchNorm's num_batches_tracked, which a pass in train mode increments
+                tensors[name] = buffer.clone()
+        return ModelForward(self.module, self.structure, tensors, train)
 
     @torch.no_grad()
     def evaluate(self, inputs: Tensor, targets: Tensor, batch_size: int = 2048) -> tuple[float, float]:

@@ -8,6 +8,7 @@ import math
 from torch import Tensor, nn
 
 from rayfed.errors import ConfigError
+from rayfed.models.forward import with_structure
 from rayfed.registry import MODELS
 
 
@@ -29,27 +30,27 @@ def logreg(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
 @register_model("mlp")
 def mlp(input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int]) -> nn.Module:
     """The authors' TinyNN (spec A14): Linear -> BN1d -> ReLU per hidden layer, then Linear.
-    With hidden_sizes [200, 100] on MNIST this is 784-200-100-10, d ~ 178.7k."""
+    With hidden_sizes [200, 100] on MNIST this is 784-200-100-10, d ~ 178.7k. One block per Linear."""
     layers: list[nn.Module] = [nn.Flatten()]
     width = math.prod(input_shape)
     for hidden in hidden_sizes:
         layers += [nn.Linear(width, hidden), nn.BatchNorm1d(hidden), nn.ReLU()]
         width = hidden
     layers.append(nn.Linear(width, num_classes))
-    return nn.Sequential(*layers)
+    return with_structure(nn.Sequential(*layers), (0, *range(4, len(layers), 3)))
 
 
 @register_model("relu_mlp")
 def relu_mlp(input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int]) -> nn.Module:
     """Linear -> ReLU per hidden layer, then Linear, without BatchNorm: FedCOM's MLP (specs/fedcom.md
-    §5.1; hidden_sizes [200, 200] on MNIST is 784-200-200-10, d = 199,210)."""
+    §5.1; hidden_sizes [200, 200] on MNIST is 784-200-200-10, d = 199,210). One block per Linear."""
     layers: list[nn.Module] = [nn.Flatten()]
     width = math.prod(input_shape)
     for hidden in hidden_sizes:
         layers += [nn.Linear(width, hidden), nn.ReLU()]
         width = hidden
     layers.append(nn.Linear(width, num_classes))
-    return nn.Sequential(*layers)
+    return with_structure(nn.Sequential(*layers), (0, *range(3, len(layers), 2)))
 
 
 def _after_blocks(height: int, width: int, name: str, *blocks: tuple[int, int]) -> tuple[int, int]:
@@ -64,19 +65,19 @@ def _after_blocks(height: int, width: int, name: str, *blocks: tuple[int, int]) 
 @register_model("lenet5")
 def lenet5(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """The authors' CIFAR LeNet-5 variant (spec A15): 32/64 channels, BN, FC 512-128, dropout 0.5.
-    d ~ 0.94M on 3x32x32."""
+    d ~ 0.94M on 3x32x32. Blocks: conv1 | conv2 | fc1 | fc2 + fc3."""
     channels, height, width = _image_shape(input_shape)
     side_h, side_w = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
     if side_h < 1 or side_w < 1:
         raise ConfigError(f"model.name=lenet5 needs images of at least 16x16, got {height}x{width}")
-    return nn.Sequential(
+    return with_structure(nn.Sequential(
         nn.Conv2d(channels, 32, 5), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(32, 64, 5), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(),
         nn.Linear(64 * side_h * side_w, 512), nn.BatchNorm1d(512), nn.ReLU(), nn.Dropout(0.5),
         nn.Linear(512, 128), nn.BatchNorm1d(128), nn.ReLU(), nn.Dropout(0.5),
         nn.Linear(128, num_classes),
-    )
+    ), (0, 4, 8, 13))
 
 
 class SpatialMean(nn.Module):
@@ -90,35 +91,39 @@ class SpatialMean(nn.Module):
 @register_model("vgg11")
 def vgg11(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """The authors' VGG-11 (spec A16): configuration "A" conv stack with BN, head 512-128 with dropout.
-    d ~ 9.30M on 3x32x32 with 100 classes."""
+    d ~ 9.30M on 3x32x32 with 100 classes. Blocks: the five conv stages | the head."""
     channels, height, width = _image_shape(input_shape)
     if height < 32 or width < 32:
         raise ConfigError(f"model.name=vgg11 needs images of at least 32x32, got {height}x{width}")
     layers: list[nn.Module] = []
+    block_starts = []
     for stage_width, convolutions in ((64, 1), (128, 1), (256, 2), (512, 2), (512, 2)):
+        block_starts.append(len(layers))
         for _ in range(convolutions):
             layers += [nn.Conv2d(channels, stage_width, 3, padding=1), nn.BatchNorm2d(stage_width), nn.ReLU()]
             channels = stage_width
         layers.append(nn.MaxPool2d(2))
-    return nn.Sequential(*layers, SpatialMean(), nn.Flatten(), nn.Linear(512, 128), nn.ReLU(),
-                         nn.Dropout(0.5), nn.Linear(128, num_classes))
+    block_starts.append(len(layers))
+    return with_structure(nn.Sequential(*layers, SpatialMean(), nn.Flatten(), nn.Linear(512, 128), nn.ReLU(),
+                                        nn.Dropout(0.5), nn.Linear(128, num_classes)), tuple(block_starts))
 
 
 @register_model("cnn8")
 def cnn8(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """A small CNN for the 8x8 UCI digits: two 3x3 conv blocks with BN, each halving the side, then
     FC 64. d = 13,802 on 1x8x8 with 10 classes; larger images only widen the first Linear. No
-    dropout, so that nothing but its BatchNorm keeps engine.vectorize from batching it."""
+    dropout, so that nothing but its BatchNorm keeps engine.vectorize from batching it. Blocks: conv1 |
+    conv2 | fc1 | fc2."""
     channels, height, width = _image_shape(input_shape)
     if height < 8 or width < 8:
         raise ConfigError(f"model.name=cnn8 needs images of at least 8x8, got {height}x{width}")
-    return nn.Sequential(
+    return with_structure(nn.Sequential(
         nn.Conv2d(channels, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(),
         nn.Linear(32 * (height // 4) * (width // 4), 64), nn.ReLU(),
         nn.Linear(64, num_classes),
-    )
+    ), (0, 4, 8, 11))
 
 
 class Residual(nn.Module):
