@@ -1,0 +1,106 @@
+"""MOON and MOONM: model-contrastive federated learning (Li, He, Song, CVPR 2021, arXiv:2103.16257,
+Algorithm 1 and Eq. 3-4).
+
+Client i trains from the server's x_t on
+
+    CE(f_w(x), y) + mu * l_con,   l_con = -log( e^{sim(z, z_glob)/tau} / (e^{sim(z, z_glob)/tau} + e^{sim(z, z_prev)/tau}) ),
+
+where z, z_glob and z_prev are the representations (the input of the classifier) of the model being
+trained, of the frozen global model x_t and of the frozen model the client ended its previous
+participation with (x_0 before its first), and sim is cosine similarity. The frozen models run in
+eval mode, as in the authors' code: their running statistics, no dropout. The client keeps that
+previous model (parameters and running statistics) as its state, and uploads its model change.
+The server averages model changes as FedAvg does; MOONM adds FedAvgM's heavy-ball momentum
+(GradMA, arXiv:2302.14307: "M" variants). With mu = 0, MOON is FedAvg and MOONM is FedAvgM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import Tensor
+
+from rayfed.algorithms.base import (FLOAT32_BYTES, Algorithm, AlgorithmContext, ClientTask, Upload, local_sgd,
+                                    register_algorithm)
+from rayfed.algorithms.fedavg import FedAvgM, FedAvgMState
+from rayfed.algorithms.objective import LocalObjective
+from rayfed.algorithms.params import AlgorithmParams
+from rayfed.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerState
+from rayfed.fields import Coefficient, Decay, Positive
+from rayfed.models.forward import ModelForward
+
+
+class MoonParams(AlgorithmParams):
+    mu: Coefficient = Field(1.0, description="MOON's weight of the model-contrastive term (its paper: 5 on "
+                                             "CIFAR-10, 1 on CIFAR-100 and Tiny-ImageNet)")
+    tau: Positive = Field(0.5, description="MOON's temperature of the cosine similarities")
+
+
+class MoonMParams(MoonParams):
+    beta1: Decay = Field(0.9, description="server heavy-ball momentum: m <- beta1 m + d, x <- x + lr_global m")
+
+
+@dataclass
+class MoonClientState:
+    params: Tensor      # the model the client ended its last round with
+    buffers: Tensor     # and its running statistics
+
+
+def contrastive_loss(z: Tensor, z_global: Tensor, z_previous: Tensor, tau: float) -> Tensor:
+    """MOON's l_con (Eq. 3), averaged over the batch: cross-entropy of the similarity logits with
+    the global model's as the positive, as the authors' code computes it."""
+    logits = torch.stack([F.cosine_similarity(z, z_global, dim=-1), F.cosine_similarity(z, z_previous, dim=-1)], 1)
+    return F.cross_entropy(logits / tau, torch.zeros(len(z), dtype=torch.int64, device=z.device))
+
+
+@register_algorithm("moonm")
+class MoonM(FedAvgM):
+    """MOONM: MOON's local objective with FedAvgM's server momentum (GradMA, arXiv:2302.14307)."""
+
+    Params = MoonMParams
+    state_classes = (FedAvgMState, ServerOptimizerState, MoonClientState)
+    keeps_client_state = True
+    vectorizable = False
+    model_needs = "features"
+
+    @classmethod
+    def from_params(cls, params: AlgorithmParams, context: AlgorithmContext) -> Algorithm:
+        return cls(params, context)
+
+    def __init__(self, params: MoonParams, context: AlgorithmContext):
+        self.lr_local = params.lr_local
+        self.mu = params.mu
+        self.tau = params.tau
+        self.agg_weighting = params.agg_weighting
+        self.initial = (context.initial_params, context.initial_buffers)
+        self.optimizer = ServerOptimizer("momentum", params.lr_global, beta1=params.beta1 or 0.0)
+
+    def memory_bytes(self, num_params: int, num_clients: int, num_blocks: int) -> dict[str, int]:
+        # Every client's previous model; its running statistics add a fraction of a percent.
+        return {"client states": num_clients * num_params * FLOAT32_BYTES}
+
+    def client_train(self, task: ClientTask, down: dict[str, Tensor],
+                     client_state: MoonClientState | None) -> tuple[Upload, MoonClientState]:
+        start = down["params"]
+        previous = client_state or MoonClientState(*self.initial)
+        frozen_global = task.forward_at(start, task.buffers())
+        frozen_previous = task.forward_at(previous.params, previous.buffers)
+
+        def loss(model: ModelForward, inputs: Tensor, targets: Tensor) -> Tensor:
+            z, logits = model.features(inputs)
+            with torch.no_grad():
+                z_global, z_previous = frozen_global.features(inputs)[0], frozen_previous.features(inputs)[0]
+            return F.cross_entropy(logits, targets) + self.mu * contrastive_loss(z, z_global, z_previous, self.tau)
+
+        local, mean_loss = local_sgd(task, start, self.lr_local, LocalObjective(loss))
+        return (Upload({"model_change": local - start}, task.num_samples, {"train_loss": mean_loss}),
+                MoonClientState(local.clone(), task.buffers()))
+
+
+@register_algorithm("moon")
+class Moon(MoonM):
+    """MOON (Li, He, Song, CVPR 2021, arXiv:2103.16257): FedAvg's server with the model-contrastive term."""
+
+    Params = MoonParams
