@@ -162,14 +162,14 @@ def test_check_path_accepts_long_but_legal_paths():
 
 @pytest.mark.parametrize("dataset, fitting", [
     ("synthetic", ["logreg", "mlp", "relu_mlp"]),
-    ("mnist", ["logreg", "mlp", "relu_mlp", "lenet5", "cnn8", "convmixer", "mnist_cnn", "cifar_cnn3fc", "cifar_cnn_ref"]),
+    ("mnist", ["logreg", "mlp", "relu_mlp", "lenet5", "cnn8", "convmixer", "mnist_cnn", "cifar_cnn3fc", "cifar_cnn_ref", "resnet20"]),
     ("fashion_mnist", ["logreg", "mlp", "relu_mlp", "lenet5", "cnn8", "convmixer", "mnist_cnn", "cifar_cnn3fc",
-                       "cifar_cnn_ref"]),
+                       "cifar_cnn_ref", "resnet20"]),
     ("cifar10", ["logreg", "mlp", "relu_mlp", "lenet5", "vgg11", "cnn8", "convmixer", "mnist_cnn", "cifar_cnn3fc",
-                 "cifar_cnn_ref"]),
+                 "cifar_cnn_ref", "resnet20"]),
     ("cifar100", ["logreg", "mlp", "relu_mlp", "lenet5", "vgg11", "cnn8", "convmixer", "mnist_cnn", "cifar_cnn3fc",
-                  "cifar_cnn_ref"]),
-    ("digits", ["logreg", "mlp", "relu_mlp", "cnn8", "convmixer"]),
+                  "cifar_cnn_ref", "resnet20"]),
+    ("digits", ["logreg", "mlp", "relu_mlp", "cnn8", "convmixer", "resnet20"]),
     ("shakespeare", ["char_lstm"]),
 ])
 def test_models_are_checked_against_the_dataset_shape(dataset, fitting):

@@ -136,7 +136,7 @@ def test_models_that_do_not_fit_are_refused_with_one_line(dataset, model, fragme
     message = str(raised.value)
     assert message.startswith(f"model.name={model} does not fit data.dataset={dataset} (") and fragment in message
     assert message.splitlines() == [message]
-    fitting = "logreg, mlp, relu_mlp" if dataset == "synthetic" else "logreg, mlp, relu_mlp, cnn8, convmixer"
+    fitting = "logreg, mlp, relu_mlp" if dataset == "synthetic" else "logreg, mlp, relu_mlp, cnn8, convmixer, resnet20"
     assert message.endswith(f"; use one of: {fitting}")
 
 
