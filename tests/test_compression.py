@@ -194,7 +194,6 @@ def test_the_worker_sends_the_encoded_message_and_the_server_aggregates_what_it_
     import rayfed
     from rayfed.api import load_data
     from rayfed.compression import build_compressor, decode_upload
-    from rayfed.engine.messages import Broadcast
     from rayfed.engine.server import Server
     from rayfed.engine.worker import ClientWorker
     from rayfed.systems.clients import make_client_systems

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rayfed.algorithms.base import RoundInfo
-from rayfed.compression import QSGD, Identity, RandK, TopK
+from rayfed.compression import QSGD, RandK, TopK
 from rayfed.seeding import Purpose, torch_generator
 from tests.fakes import ScriptedTask, make
 

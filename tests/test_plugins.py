@@ -239,11 +239,5 @@ def test_an_installed_packages_entry_point_registers_its_components(tmp_path, mo
 
 def test_the_memory_check_counts_declared_client_state(monkeypatch):
     """SCAFFOLD keeps every client's control variate: N x d floats the check must count."""
-    monkeypatch.setattr("rayfed.resources.physical_memory_bytes", lambda: 10**9)
-    base = ["data.num_clients=2000", "data.synthetic_max_samples=50", "model.name=mlp", "model.hidden_sizes=[2000]",
-            "engine.backend=local"]
-    assert rayfed.load_config(None, base + ["algorithm.name=fedavg"]).algorithm.name == "fedavg"
-    with pytest.raises(rayfed.ConfigError, match=r"^the run needs about 1\.2 GB \(.*client states 1\.2 GB\), more "
-                                                 r"than this machine's 1\.0 GB; lower data.num_clients, use a smaller "
-                                                 r"model, or an algorithm without client state$"):
-        rayfed.load_config(None, base + ["algorithm.name=scaffold"])
+    from tests.algorithm_checks import assert_memory_check_counts_client_state
+    assert_memory_check_counts_client_state(monkeypatch, ["algorithm.name=scaffold"])
