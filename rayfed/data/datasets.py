@@ -4,8 +4,6 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 import gzip
-import importlib.util
-import io
 import math
 import pathlib
 import pickle
@@ -16,6 +14,7 @@ import numpy as np
 
 from rayfed.data.base import Dataset, register_dataset
 from rayfed.data.cifar_pickle import load_cifar_pickle, unwrap
+from rayfed.data.packaged import PackagedImages, package_folder, rank_in_class
 from rayfed.data.partition import Partition
 from rayfed.errors import ConfigError, first_line
 from rayfed.seeding import Purpose, numpy_rng
@@ -102,24 +101,16 @@ def _missing_image_files(source: _ImageSource, root: str) -> list[pathlib.Path]:
 
 
 def _sklearn_folder() -> pathlib.Path | None:
-    """The installed sklearn package, found without importing it (a second, and scipy with it)."""
-    spec = importlib.util.find_spec("sklearn")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return pathlib.Path(spec.submodule_search_locations[0])
+    return package_folder("sklearn")
+
+
+DIGITS = PackagedImages("digits", f"sklearn/{DIGITS_FILE.as_posix()}", "scikit-learn", lambda: _sklearn_folder(),
+                        DIGITS_FILE, rows=DIGITS_SAMPLES, image_shape=DIGITS_IMAGE_SHAPE, max_pixel=DIGITS_MAX_PIXEL,
+                        num_classes=DIGITS_CLASSES)
 
 
 def digits_file() -> pathlib.Path:
-    folder = _sklearn_folder()
-    if folder is None:
-        raise ConfigError(f"data.dataset=digits reads sklearn/{DIGITS_FILE.as_posix()} from scikit-learn, "
-                          "which is not installed; pip install scikit-learn")
-    path = folder / DIGITS_FILE
-    if not path.is_file():
-        # The package is there but damaged: a plain install would report it satisfied.
-        raise _one_line_error(f"data.dataset=digits: {path} is missing from the installed scikit-learn; "
-                              "reinstall it with pip install --force-reinstall scikit-learn")
-    return path
+    return DIGITS.file()
 
 
 def _read_images(name: str, source: _ImageSource, data) -> Dataset:
@@ -177,15 +168,9 @@ def _cifar10_random(data, seed: int) -> Dataset:
 
 
 @register_dataset("digits", input_shape=DIGITS_IMAGE_SHAPE, num_classes=DIGITS_CLASSES, default_model="mlp",
-                  num_samples=DIGITS_SAMPLES, missing_files=lambda root: _digits_missing())
+                  num_samples=DIGITS_SAMPLES, missing_files=DIGITS.missing)
 def _digits(data, seed: int) -> Dataset:
     return _load_digits()
-
-
-def _digits_missing() -> list[pathlib.Path]:
-    """None that data.download could fetch: scikit-learn's own file, or the line saying how to get it."""
-    digits_file()
-    return []
 
 
 def _download(name: str, source: _ImageSource, root: str, missing: list[pathlib.Path]) -> None:
@@ -207,14 +192,8 @@ def _one_line_error(message: str) -> ConfigError:
 
 
 def _bad_file(path: pathlib.Path, problem: str) -> ConfigError:
-    return _one_line_error(f"{path} {problem}; {_remedy(path)}")
-
-
-def _remedy(path: pathlib.Path) -> str:
-    # data.download cannot replace the file scikit-learn ships; reinstalling the package does.
-    if path.name == DIGITS_FILE.name:
-        return "reinstall scikit-learn with pip install --force-reinstall scikit-learn"
-    return "delete it and rerun with data.download=true, or put the official file there"
+    return _one_line_error(f"{path} {problem}; delete it and rerun with data.download=true, or put the official "
+                           "file there")
 
 
 def _reason(exc: BaseException) -> str:
@@ -385,43 +364,13 @@ def _normalise(images: np.ndarray, source: _ImageSource) -> np.ndarray:
 
 
 def _load_digits() -> Dataset:
-    table = _read_digits_table(digits_file())
-    images = table[:, :-1].reshape(-1, *DIGITS_IMAGE_SHAPE).astype(np.float32)
+    pixels, labels = DIGITS.read()
+    images = pixels.astype(np.float32)
     images -= DIGITS_MEAN
     images /= DIGITS_STD
-    labels = table[:, -1]
-    is_test = _digits_test_mask(labels)
+    is_test = rank_in_class(labels) % DIGITS_TEST_EVERY == DIGITS_TEST_EVERY - 1
     return Dataset("digits", images[~is_test], labels[~is_test], images[is_test], labels[is_test],
                    num_classes=DIGITS_CLASSES, input_shape=DIGITS_IMAGE_SHAPE)
-
-
-def _digits_test_mask(labels: np.ndarray) -> np.ndarray:
-    """True for every DIGITS_TEST_EVERY-th image of each class, counted in file order."""
-    by_class = np.argsort(labels, kind="stable")
-    class_starts = np.searchsorted(labels[by_class], labels[by_class])
-    rank_in_class = np.empty(len(labels), dtype=np.int64)
-    rank_in_class[by_class] = np.arange(len(labels)) - class_starts
-    return rank_in_class % DIGITS_TEST_EVERY == DIGITS_TEST_EVERY - 1
-
-
-def _read_digits_table(path: pathlib.Path) -> np.ndarray:
-    """The file's rows, once they are known to be scikit-learn's 1797 images and labels."""
-    raw = _read_file(path)
-    if not raw.strip():
-        raise _bad_file(path, "holds no rows")
-    try:
-        table = np.loadtxt(io.BytesIO(raw), delimiter=",", dtype=np.int64, ndmin=2)
-    except ValueError as exc:
-        raise _bad_file(path, f"is not a CSV table of integers ({_reason(exc)})") from exc
-    num_pixels = math.prod(DIGITS_IMAGE_SHAPE)
-    if table.shape != (DIGITS_SAMPLES, num_pixels + 1):
-        raise _bad_file(path, f"holds {table.shape[0]} rows of {table.shape[1]} values, not the {DIGITS_SAMPLES} "
-                              f"rows of {num_pixels} pixels and a label of scikit-learn's file")
-    low, high = int(table[:, :-1].min()), int(table[:, :-1].max())
-    if low < 0 or high > DIGITS_MAX_PIXEL:
-        raise _bad_file(path, f"holds pixel values outside [0, {DIGITS_MAX_PIXEL}] (from {low} to {high})")
-    _check_label_range(int(table[:, -1].min()), int(table[:, -1].max()), DIGITS_CLASSES, path)
-    return table
 
 
 def _generate_random_images(seed: int) -> Dataset:
