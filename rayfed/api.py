@@ -176,7 +176,8 @@ def _without_unsupported_vectorize(config: Config, dataset, partition: Partition
     if not config.engine.vectorize:
         return config
     model = build_model(config.model.name, dataset.input_shape, dataset.num_classes, config.model.hidden_sizes)
-    algorithm = build_algorithm(config.algorithm, AlgorithmContext.of_run(FlatModel(model), config.train))
+    context = AlgorithmContext.of_run(FlatModel(model), config.train, config.algorithm)
+    algorithm = build_algorithm(config.algorithm, context)
     schedule = LocalSchedule.from_config(config.train)
     # Step counts scale alike in every round, so round 0's tell whether they ever differ.
     steps_differ = len({schedule.steps(0, int(size)) for size in partition.sizes}) > 1

@@ -127,7 +127,7 @@ def estimate_memory(config, model: torch.nn.Module) -> dict[str, int]:
     parts = {
         # The driver's copy, and on ray the object store's, which the workers read without copying.
         "data": data_bytes * (2 if engine.backend == "ray" else 1),
-        "models": (engine.num_workers + 1) * MODEL_COPIES_PER_PROCESS * vector_bytes,
+        "models": (engine.num_workers + 1) * (MODEL_COPIES_PER_PROCESS + algorithm.keeps_initial_model) * vector_bytes,
         "uploads": config.train.clients_per_round * FLOAT32_BYTES * algorithm.upload_size(sum(params)),
         "client states": 0,
         **algorithm.memory_bytes(sum(params), data.num_clients, len(params)),

@@ -119,10 +119,13 @@ class AlgorithmContext:
     initial_buffers: Tensor | None = None
 
     @classmethod
-    def of_run(cls, model: FlatModel, train) -> "AlgorithmContext":
-        """The context of a run whose process has just built `model`, initialised as x_0."""
-        return cls(tuple(map(tuple, model.blocks)), train.local_epochs or train.local_steps, train.lr_decay,
-                   model.params.clone(), model.buffers.clone())
+    def of_run(cls, model: FlatModel, train, algorithm: AlgorithmParams) -> "AlgorithmContext":
+        """The context of the `algorithm:` section's algorithm in a run whose process has just built
+        `model`, initialised as x_0 (kept only for an algorithm that reads it)."""
+        steps = train.local_epochs or train.local_steps
+        if not ALGORITHMS.get(algorithm.name).target.keeps_initial_model:
+            return cls(tuple(map(tuple, model.blocks)), steps, train.lr_decay)
+        return cls(tuple(map(tuple, model.blocks)), steps, train.lr_decay, model.params.clone(), model.buffers.clone())
 
 
 class Algorithm:
@@ -165,6 +168,8 @@ class Algorithm:
     # What its local objective takes from the model beyond the logits (rayfed.models.forward):
     # "features" (the representation, MOON's) or "blocks" (two or more, FedMLB's); checked before a run.
     model_needs: str | None = None
+    # Whether it reads the run's x_0 from its context: only then does every process keep a copy.
+    keeps_initial_model = False
     # Whether a deployment sends the broadcast to the round's clients (False: they keep the model
     # themselves, FedGATE's Option I); rayfed's engines move it either way.
     sends_model = True

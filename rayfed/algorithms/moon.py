@@ -62,6 +62,7 @@ class MoonM(FedAvgM):
     Params = MoonMParams
     state_classes = (FedAvgMState, ServerOptimizerState, MoonClientState)
     keeps_client_state = True
+    keeps_initial_model = True
     vectorizable = False
     model_needs = "features"
 

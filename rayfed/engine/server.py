@@ -46,7 +46,8 @@ class Server:
         torch.manual_seed(derive_seed(config.seed, Purpose.MODEL_INIT))
         self.model = FlatModel(build_model(config.model.name, input_shape, num_classes,
                                            config.model.hidden_sizes), self.device)
-        self.algorithm = build_algorithm(config.algorithm, AlgorithmContext.of_run(self.model, config.train))
+        context = AlgorithmContext.of_run(self.model, config.train, config.algorithm)
+        self.algorithm = build_algorithm(config.algorithm, context)
         self.num_clients = config.data.num_clients
         self.schedule = LocalSchedule.from_config(config.train)
         self.client_sizes = client_systems.client_sizes

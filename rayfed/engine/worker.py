@@ -187,7 +187,8 @@ class ClientWorker:
         torch.manual_seed(derive_seed(config.seed, Purpose.MODEL_INIT))
         self.model = FlatModel(build_model(config.model.name, input_shape, num_classes,
                                            config.model.hidden_sizes), self.device)
-        self.algorithm = build_algorithm(config.algorithm, AlgorithmContext.of_run(self.model, config.train))
+        context = AlgorithmContext.of_run(self.model, config.train, config.algorithm)
+        self.algorithm = build_algorithm(config.algorithm, context)
         # compression.*: the algorithm's upload as it travels to the server.
         self.codec = Codec(config.compression, self.algorithm.compressed_upload, self.model.blocks,
                            self.model.num_params, config.seed)
