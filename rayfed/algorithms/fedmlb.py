@@ -63,6 +63,7 @@ class FedMLBM(FedAvgM):
         self.lambdas = (params.lambda1, params.lambda2, params.lambda3)
         self.temperature = params.temperature
         self.agg_weighting = params.agg_weighting
+        # FedMLB's section has no beta1 (it reads as unset): FedAvg's server, the heavy ball with beta1 = 0.
         self.optimizer = ServerOptimizer("momentum", params.lr_global, beta1=params.beta1 or 0.0)
 
     def client_train(self, task: ClientTask, down: dict[str, Tensor], client_state: None) -> tuple[Upload, None]:

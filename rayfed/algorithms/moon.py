@@ -76,6 +76,7 @@ class MoonM(FedAvgM):
         self.tau = params.tau
         self.agg_weighting = params.agg_weighting
         self.initial = (context.initial_params, context.initial_buffers)
+        # MOON's section has no beta1 (it reads as unset): FedAvg's server, the heavy ball with beta1 = 0.
         self.optimizer = ServerOptimizer("momentum", params.lr_global, beta1=params.beta1 or 0.0)
 
     def memory_bytes(self, num_params: int, num_clients: int, num_blocks: int) -> dict[str, int]:
