@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rayfed.models.forward import ModelForward, Structure, structure_of
+from rayfed.models.forward import ModelForward, structure_of
 
 
 class FlatModel:
@@ -32,13 +32,6 @@ class FlatModel:
             parameter.grad = self.grad[offset:offset + parameter.numel()].view_as(parameter)
             offset += parameter.numel()
         self.buffers = _flatten_into_views([b for b in module.buffers() if b.is_floating_point()])
-        self._structure: Structure | None = None
-
-    @property
-    def structure(self) -> Structure:
-        if self._structure is None:
-            self._structure = structure_of(self.module)
-        return self._structure
 
     @property
     def num_params(self) -> int:
@@ -56,7 +49,7 @@ class FlatModel:
         """`loss_fn(model, inputs, targets)` at the current `params` and its gradient, in train mode:
         a local objective of the model's outputs, possibly beside frozen passes (forward_at)."""
         self.grad.zero_()
-        loss = loss_fn(ModelForward(self.module, self.structure), inputs, targets)
+        loss = loss_fn(ModelForward(self.module, structure_of(self.module)), inputs, targets)
         loss.backward()
         return loss.detach(), self.grad
 
@@ -75,7 +68,7 @@ class FlatModel:
                 offset += buffer.numel()
             else:     # BatchNorm's num_batches_tracked, which a pass in train mode increments
                 tensors[name] = buffer.clone()
-        return ModelForward(self.module, self.structure, tensors, train)
+        return ModelForward(self.module, structure_of(self.module), tensors, train)
 
     @torch.no_grad()
     def evaluate(self, inputs: Tensor, targets: Tensor, batch_size: int = 2048) -> tuple[float, float]:
