@@ -92,6 +92,24 @@ class FedAvgM(Algorithm):
 register_algorithm("fedavgm")(FedAvgM)
 
 
+class FedAvgMServer(FedAvgM):
+    """FedAvgM's server under a client that minimises its own local objective (MOON, FedMLB and
+    their M variants), built from its `algorithm:` section. A section without beta1 (it reads as
+    unset) gets FedAvg's server: the heavy ball with beta1 = 0."""
+
+    vectorizable = False
+
+    @classmethod
+    def from_params(cls, params: AlgorithmParams, context: AlgorithmContext) -> "FedAvgMServer":
+        return cls(params, context)
+
+    def __init__(self, params: AlgorithmParams, context: AlgorithmContext):
+        self.lr_local = params.lr_local
+        self.lr_global = params.lr_global
+        self.agg_weighting = params.agg_weighting
+        self.optimizer = ServerOptimizer("momentum", params.lr_global, beta1=params.beta1 or 0.0)
+
+
 @register_algorithm("fedavg")
 class FedAvg(FedAvgM):
     """FedAvg (McMahan et al., AISTATS 2017, arXiv:1602.05629): the average of the clients' local SGD."""

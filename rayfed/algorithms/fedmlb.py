@@ -19,11 +19,10 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor
 
-from rayfed.algorithms.base import Algorithm, AlgorithmContext, ClientTask, Upload, local_sgd, register_algorithm
-from rayfed.algorithms.fedavg import FedAvgM
+from rayfed.algorithms.base import AlgorithmContext, ClientTask, Upload, local_sgd, register_algorithm
+from rayfed.algorithms.fedavg import FedAvgMServer
 from rayfed.algorithms.objective import LocalObjective
 from rayfed.algorithms.params import AlgorithmParams
-from rayfed.algorithms.server_optimizer import ServerOptimizer
 from rayfed.fields import Coefficient, Decay, Positive
 from rayfed.models.forward import ModelForward
 
@@ -47,24 +46,16 @@ def hybrid_kl(hybrid_logits: Tensor, main_logits: Tensor, temperature: float) ->
 
 
 @register_algorithm("fedmlbm")
-class FedMLBM(FedAvgM):
+class FedMLBM(FedAvgMServer):
     """FedMLBM: FedMLB's local objective with FedAvgM's server momentum (GradMA, arXiv:2302.14307)."""
 
     Params = FedMLBMParams
-    vectorizable = False
     model_needs = "blocks"
 
-    @classmethod
-    def from_params(cls, params: AlgorithmParams, context: AlgorithmContext) -> Algorithm:
-        return cls(params, context)
-
     def __init__(self, params: FedMLBParams, context: AlgorithmContext):
-        self.lr_local = params.lr_local
+        super().__init__(params, context)
         self.lambdas = (params.lambda1, params.lambda2, params.lambda3)
         self.temperature = params.temperature
-        self.agg_weighting = params.agg_weighting
-        # FedMLB's section has no beta1 (it reads as unset): FedAvg's server, the heavy ball with beta1 = 0.
-        self.optimizer = ServerOptimizer("momentum", params.lr_global, beta1=params.beta1 or 0.0)
 
     def client_train(self, task: ClientTask, down: dict[str, Tensor], client_state: None) -> tuple[Upload, None]:
         start = down["params"]

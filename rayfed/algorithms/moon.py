@@ -22,12 +22,11 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor
 
-from rayfed.algorithms.base import (FLOAT32_BYTES, Algorithm, AlgorithmContext, ClientTask, Upload, local_sgd,
-                                    register_algorithm)
-from rayfed.algorithms.fedavg import FedAvgM, FedAvgMState
+from rayfed.algorithms.base import FLOAT32_BYTES, AlgorithmContext, ClientTask, Upload, local_sgd, register_algorithm
+from rayfed.algorithms.fedavg import FedAvgMServer, FedAvgMState
 from rayfed.algorithms.objective import LocalObjective
 from rayfed.algorithms.params import AlgorithmParams
-from rayfed.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerState
+from rayfed.algorithms.server_optimizer import ServerOptimizerState
 from rayfed.fields import Coefficient, Decay, Positive
 from rayfed.models.forward import ModelForward
 
@@ -56,28 +55,20 @@ def contrastive_loss(z: Tensor, z_global: Tensor, z_previous: Tensor, tau: float
 
 
 @register_algorithm("moonm")
-class MoonM(FedAvgM):
+class MoonM(FedAvgMServer):
     """MOONM: MOON's local objective with FedAvgM's server momentum (GradMA, arXiv:2302.14307)."""
 
     Params = MoonMParams
     state_classes = (FedAvgMState, ServerOptimizerState, MoonClientState)
     keeps_client_state = True
     keeps_initial_model = True
-    vectorizable = False
     model_needs = "features"
 
-    @classmethod
-    def from_params(cls, params: AlgorithmParams, context: AlgorithmContext) -> Algorithm:
-        return cls(params, context)
-
     def __init__(self, params: MoonParams, context: AlgorithmContext):
-        self.lr_local = params.lr_local
+        super().__init__(params, context)
         self.mu = params.mu
         self.tau = params.tau
-        self.agg_weighting = params.agg_weighting
         self.initial = (context.initial_params, context.initial_buffers)
-        # MOON's section has no beta1 (it reads as unset): FedAvg's server, the heavy ball with beta1 = 0.
-        self.optimizer = ServerOptimizer("momentum", params.lr_global, beta1=params.beta1 or 0.0)
 
     def memory_bytes(self, num_params: int, num_clients: int, num_blocks: int) -> dict[str, int]:
         # Every client's previous model; its running statistics add a fraction of a percent.
