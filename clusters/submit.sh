@@ -13,8 +13,8 @@ usage: clusters/submit.sh [--address URL] [--pip] CONFIG [key=value ...] [--out 
 
   --address URL  the cluster's dashboard (job) address
                  (default: $RAY_ADDRESS, else http://127.0.0.1:8265)
-  --pip          also pip-install rayfed's dependencies into the job's runtime env
-                 (for nodes whose image has Ray but not torch)
+  --pip          also pip-install rayfed's dependencies (clusters/requirements.txt)
+                 into the job's runtime env (for nodes whose image has Ray but not torch)
   CONFIG         a rayfed YAML file inside this repository
   key=value ...  rayfed overrides, e.g. engine.num_workers=8 engine.worker_gpus=0.25
   --out DIR      the run directory ON THE HEAD NODE (use an absolute path)
@@ -67,7 +67,8 @@ export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
 # Anchored patterns: a bare "data" would also drop the rayfed/data package.
 excludes='"/runs", "/data", ".git", "*.egg-info", "__pycache__", ".pytest_cache"'
 if [[ $pip -eq 1 ]]; then
-    runtime_env='{"excludes": ['"$excludes"'], "pip": ["torch", "torchvision", "numpy", "cvxopt", "pyyaml", "tqdm"]}'
+    # Ray reads a requirements file given by its path on this machine, and ships its lines.
+    runtime_env='{"excludes": ['"$excludes"'], "pip": "'"$repo_root"'/clusters/requirements.txt"}'
 else
     runtime_env='{"excludes": ['"$excludes"']}'
 fi

@@ -22,13 +22,15 @@ NEVER = [0.1, 0.2, 0.3, 0.4]
 
 
 def write_run(path, seed, accuracies, algorithm="fedavg", dataset="synthetic", lr_local=0.02, backend="ray",
-              data_root="./data", rounds=8, summary="finished", wall_time_s=10.0):
-    """Round r moves 100 (seed + 1) bytes up and 1000 down and ends at virtual second r (1 + seed / 2)."""
+              data_root="./data", rounds=8, summary="finished", wall_time_s=10.0, target_accuracy=None,
+              target_round=None):
+    """Round r moves 100 (seed + 1) bytes up and 1000 down and ends at virtual second r (1 + seed / 2);
+    `accuracies` are the test accuracies of the EVAL_ROUNDS up to `rounds`."""
     path.mkdir(parents=True)
     config = {"seed": seed, "data": {"dataset": dataset, "root": data_root, "num_clients": 100},
               "model": {"name": "logreg", "hidden_sizes": [200, 100]},
               "algorithm": {"name": algorithm, "lr_local": lr_local, "beta1": None},
-              "train": {"rounds": 8, "eval_every": 2},
+              "train": {"rounds": 8, "eval_every": 2, "target_accuracy": target_accuracy},
               "engine": {"backend": backend, "num_workers": 2}, "logging": {"tensorboard": False}}
     (path / "config.yaml").write_text(yaml.safe_dump(config))
     lines = []
@@ -41,7 +43,12 @@ def write_run(path, seed, accuracies, algorithm="fedavg", dataset="synthetic", l
         lines.append(json.dumps(metrics))
     (path / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
     if summary is not None:
-        (path / "summary.json").write_text(json.dumps({"status": summary, "wall_time_s": wall_time_s}))
+        evaluated = accuracies[:len([r for r in EVAL_ROUNDS if r <= rounds])]
+        record = {"status": summary, "wall_time_s": wall_time_s, "best_test_accuracy": max(evaluated),
+                  "final_test_accuracy": evaluated[-1], "rounds_completed": rounds}
+        if target_round is not None:
+            record["target_round"] = target_round
+        (path / "summary.json").write_text(json.dumps(record))
     return path
 
 
@@ -144,13 +151,14 @@ def test_a_run_without_summary_is_incomplete_and_has_no_wall_time(tmp_path, caps
 
 
 @pytest.mark.parametrize("x", ["round", "virtual_time_s", "bytes"])
-def test_plots_are_non_trivial_pngs(sweep, tmp_path, x):
+def test_plots_are_non_trivial_pngs_and_pdfs(sweep, tmp_path, x):
     assert report_command([str(sweep)], ["algorithm.name", "data.dataset"], 0.5, x, str(tmp_path / "out")) == 0
     for name in ("test_accuracy.png", "train_loss.png"):
         path = tmp_path / "out" / name
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
         assert np.var(imread(path)[..., :3]) > 1e-3     # not a blank canvas
         assert f"![{path.stem}]({name})" in (tmp_path / "out" / "report.md").read_text()
+        assert path.with_suffix(".pdf").read_bytes()[:5] == b"%PDF-"
 
 
 def test_cli_prints_the_table_and_writes_report_md(sweep, tmp_path, capsys):

@@ -1,1 +1,2 @@
-"""`rayfed report`: tables and plots over run directories, averaged over seeds per group of configs."""
+"""`rayfed report`: tables and plots over run or sweep directories, averaged over seeds per group of
+configs; on a sweep, its selected settings or its whole grid."""

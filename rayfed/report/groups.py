@@ -6,7 +6,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from rayfed.errors import ConfigError
-from rayfed.report.runs import Run
+from rayfed.report.runs import COMPLETE_STATUSES, Run
 
 UNSET = "(unset)"
 # How a run was executed, logged or where it found its files, not its maths: runs that differ
@@ -67,8 +67,8 @@ def _group(values: tuple, runs: list[Run], keys: list[str]) -> Group:
     differences = _config_differences(runs, keys)
     if differences:     # runs of different configs are no seeds of one another, whatever their seeds
         return Group(values, runs, differences)
-    # A finished copy of a seed is kept over an interrupted one, so that a re-run replaces the run it repeats.
-    runs = sorted(runs, key=lambda run: (sort_key(run.seed), run.status != "finished", str(run.path)))
+    # A complete copy of a seed is kept over an interrupted one, so that a re-run replaces the run it repeats.
+    runs = sorted(runs, key=lambda run: (sort_key(run.seed), run.status not in COMPLETE_STATUSES, str(run.path)))
     kept, duplicates = [], []
     for run in runs:
         if kept and kept[-1].seed == run.seed:
@@ -91,10 +91,22 @@ def _config_differences(runs: list[Run], keys: list[str]) -> list[str]:
 
 
 def _schedule_differences(runs: list[Run]) -> list[str]:
-    """Seed means need the same rounds, evaluated at the same rounds, in every run."""
-    by_schedule = _paths_by(runs, lambda run: (tuple(run.rounds.tolist()), tuple(run.rounds[run.evaluated].tolist())))
-    if len(by_schedule) == 1:
+    """Seed means need the same rounds, evaluated at the same rounds, in every run; a run that
+    stopped at its target has the rounds of the others up to where it stopped."""
+    def schedule(run: Run) -> tuple[tuple, tuple]:
+        return tuple(run.rounds.tolist()), tuple(run.rounds[run.evaluated].tolist())
+
+    full_rounds, full_evaluated = schedule(max(runs, key=lambda run: len(run.rounds)))
+
+    def fits(run: Run) -> bool:
+        rounds, evaluated = schedule(run)
+        return (rounds == full_rounds[:len(rounds)]
+                and evaluated == tuple(r for r in full_evaluated if r <= rounds[-1])
+                and (len(rounds) == len(full_rounds) or run.stopped_at_target))
+
+    if all(fits(run) for run in runs):
         return []
+    by_schedule = _paths_by(runs, schedule)
     described = {_describe_schedule(*schedule): paths for schedule, paths in by_schedule.items()}
     return [f"rounds or evaluated rounds differ: {_listing(described)}"]
 

@@ -14,17 +14,48 @@ from rayfed.errors import ConfigError
 from rayfed.metrics import METRICS, SUMMARY, read_summary, run_status
 
 
+# Statuses (summary.json) of runs that ran as their config asked: to train.rounds, or until
+# train.target_accuracy / train.target_loss was reached.
+COMPLETE_STATUSES = ("finished", "reached_target")
+REACHED_TARGET = "reached_target"
+
+
 @dataclass
 class Run:
     path: Path
     config: dict            # dotted key -> value, as config.yaml holds it
     summary: dict | None    # None: the run wrote no summary.json (it was cut off)
     rounds: np.ndarray      # 1-based round numbers, one per metrics.jsonl line
-    train_loss: np.ndarray  # NaN where undefined
-    virtual_time_s: np.ndarray
-    cumulative_bytes: np.ndarray    # bytes_up + bytes_down up to and including each round
-    evaluated: np.ndarray   # indices into `rounds` of the rounds with a test_accuracy
-    test_accuracy: np.ndarray       # at `evaluated`
+    columns: dict[str, np.ndarray]  # every numeric metrics.jsonl key: a value per round, NaN where null or absent
+    logged: dict[str, np.ndarray]   # the same keys: whether each round's record has the key
+
+    def column(self, key: str) -> np.ndarray:
+        return self.columns.get(key, np.full(len(self.rounds), math.nan))
+
+    def logged_at(self, key: str) -> np.ndarray:
+        return self.logged.get(key, np.zeros(len(self.rounds), dtype=bool))
+
+    @property
+    def evaluated(self) -> np.ndarray:
+        """Indices into `rounds` of the rounds with a test_accuracy."""
+        return np.flatnonzero(self.logged_at("test_accuracy"))
+
+    @property
+    def test_accuracy(self) -> np.ndarray:
+        return self.column("test_accuracy")[self.evaluated]
+
+    @property
+    def train_loss(self) -> np.ndarray:
+        return self.column("train_loss")
+
+    @property
+    def virtual_time_s(self) -> np.ndarray:
+        return self.column("virtual_time_s")
+
+    @property
+    def cumulative_bytes(self) -> np.ndarray:
+        """bytes_up + bytes_down up to and including each round."""
+        return np.cumsum(self.column("bytes_up") + self.column("bytes_down"))
 
     @property
     def seed(self):
@@ -35,6 +66,11 @@ class Run:
         if self.summary is None:
             return "incomplete"
         return run_status(self.summary)
+
+    @property
+    def stopped_at_target(self) -> bool:
+        """Its metrics.jsonl ends at the round that reached its own target, before train.rounds."""
+        return self.status == REACHED_TARGET
 
     @property
     def wall_time_s(self) -> float:
@@ -103,18 +139,54 @@ def read_run(path: Path, config: dict) -> Run | Unusable:
         records.append(record)
     if not records:
         return Unusable(path, "metrics.jsonl is empty")
-    evaluated = [i for i, record in enumerate(records) if "test_accuracy" in record]
-    if not evaluated:
+    if not any("test_accuracy" in record for record in records):
         return Unusable(path, "metrics.jsonl has no test_accuracy")
-    return Run(
-        path=path, config=config, summary=read_summary(path),
-        rounds=np.array([record["round"] for record in records]),
-        train_loss=_column(records, "train_loss"),
-        virtual_time_s=_column(records, "virtual_time_s"),
-        cumulative_bytes=np.cumsum(_column(records, "bytes_up") + _column(records, "bytes_down")),
-        evaluated=np.array(evaluated),
-        test_accuracy=_column([records[i] for i in evaluated], "test_accuracy"),
-    )
+    summary = read_summary(path)
+    if summary is not None and run_status(summary) == REACHED_TARGET:
+        problem = _target_problem(config, summary, records)
+        if problem:
+            return Unusable(path, problem)
+    keys = {key for record in records for key, value in record.items()
+            if key != "round" and (value is None or _is_number(value))}
+    return Run(path=path, config=config, summary=summary,
+               rounds=np.array([record["round"] for record in records]),
+               columns={key: _column(records, key) for key in keys},
+               logged={key: np.array([key in record for record in records]) for key in keys})
+
+
+def _target_problem(config: dict, summary: dict, records: list[dict]) -> str | None:
+    """Why a run that says it reached its target does not show it, or None where it does: its
+    target_round must be the first evaluated round that meets its train.target_accuracy (and
+    train.target_loss, where set), and its metrics.jsonl must end there."""
+    accuracy, loss = config.get("train.target_accuracy"), config.get("train.target_loss")
+    if accuracy is None and loss is None:
+        return "summary.json says reached_target, but config.yaml sets no train.target_accuracy or train.target_loss"
+    if not all(value is None or _is_number(value) for value in (accuracy, loss)):
+        return "config.yaml's train.target_accuracy or train.target_loss is not a number"
+    target_round = summary.get("target_round")
+    if isinstance(target_round, bool) or not isinstance(target_round, int):
+        return "summary.json says reached_target without an integer target_round"
+
+    def meets(record: dict) -> bool:
+        value, test_loss = record.get("test_accuracy"), record.get("test_loss")
+        return ("test_accuracy" in record
+                and (accuracy is None or (_is_number(value) and value >= accuracy))
+                and (loss is None or (_is_number(test_loss) and test_loss <= loss)))
+
+    first = next((record["round"] for record in records if meets(record)), None)
+    targets = " and ".join(f"train.{name}={value}" for name, value in
+                           (("target_accuracy", accuracy), ("target_loss", loss)) if value is not None)
+    if first != target_round:
+        where = "no round" if first is None else f"round {first}"
+        return (f"summary.json's target_round {target_round} disagrees with metrics.jsonl, where {where} "
+                f"first meets {targets}")
+    if records[-1]["round"] != target_round:
+        return f"metrics.jsonl goes on to round {records[-1]['round']} after target_round {target_round}"
+    return None
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _strict_json(line: str):
@@ -132,5 +204,4 @@ def _reject(constant: str):
 
 def _column(records: list[dict], key: str) -> np.ndarray:
     """Null (an undefined value) and a missing key both read as NaN."""
-    values = [record.get(key) for record in records]
-    return np.array([float(v) if isinstance(v, (int, float)) else math.nan for v in values])
+    return np.array([float(record[key]) if _is_number(record.get(key)) else math.nan for record in records])

@@ -1,5 +1,6 @@
-"""Seed statistics of a group: mean ± sample std of the top and final accuracy, and the seed-mean
-curves that the target and the plots are read from."""
+"""Seed statistics of a group: mean ± sample std of the top and final accuracy, rounds to a target
+(on the seed-mean curve, or per seed for runs that stopped at their target), and the seed-mean
+curves that the plots draw."""
 from __future__ import annotations
 
 import math
@@ -19,10 +20,12 @@ class Spread:
 
 @dataclass
 class Reached:
-    """Where the seed-mean test accuracy first reaches the target; x values are seed means there."""
-    round: int
+    """Where a group first reaches the target. On the seed-mean curve: that round, and the seeds'
+    mean x values there. Per seed: the means over seeds of each seed's own first round and x values."""
+    round: float
     virtual_time_s: float
     bytes: float
+    round_std: float | None = None  # per seed: the sample std of the rounds (NaN: one seed); None: seed-mean curve
 
 
 @dataclass
@@ -30,7 +33,11 @@ class GroupStats:
     group: Group
     best: Spread
     final: Spread
-    reached: Reached | None     # None: never reached, or no target asked for
+    target: float | None        # the test accuracy whose reaching is reported; None: none asked for or set
+    reached: Reached | None     # None: never reached (by the seed mean, or by every seed), or no target
+    per_seed: bool              # its runs stopped at their target, so rounds are counted per seed
+    seeds_reached: int          # per seed: how many seeds reached the target
+    seeds_unknown: int          # per seed: runs that stopped at a lower target of their own, before this one
     wall_time_s: float          # mean over the runs whose summary.json records it; NaN if none does
 
 
@@ -39,19 +46,37 @@ def spread(values) -> Spread:
     return Spread(float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else math.nan)
 
 
+def group_target(group: Group, target: float | None) -> float | None:
+    """The --target, else the train.target_accuracy that every run of the group shares."""
+    if target is not None:
+        return target
+    targets = {run.config.get("train.target_accuracy") for run in group.runs}
+    shared = targets.pop() if len(targets) == 1 else None
+    return float(shared) if isinstance(shared, (int, float)) and not isinstance(shared, bool) else None
+
+
 def group_stats(group: Group, target: float | None) -> GroupStats:
     runs = group.runs
     wall_times = [run.wall_time_s for run in runs if not math.isnan(run.wall_time_s)]
+    # A run that stopped at its target has no curve after it, so the seed-mean curve ends where
+    # the first seed stopped: such a group counts each seed's own round to the target.
+    per_seed = any(run.stopped_at_target for run in runs)
+    reached, seeds_reached, seeds_unknown = None, 0, 0
+    if target is not None and per_seed:
+        reached, seeds_reached, seeds_unknown = reached_per_seed(runs, target)
+    elif target is not None:
+        reached = reached_on_seed_mean(runs, target)
     return GroupStats(
         group=group,
         best=spread([run.test_accuracy.max() for run in runs]),
         final=spread([run.test_accuracy[-1] for run in runs]),
-        reached=None if target is None else reached(runs, target),
+        target=target, reached=reached, per_seed=per_seed,
+        seeds_reached=seeds_reached, seeds_unknown=seeds_unknown,
         wall_time_s=float(np.mean(wall_times)) if wall_times else math.nan,
     )
 
 
-def reached(runs: list[Run], target: float) -> Reached | None:
+def reached_on_seed_mean(runs: list[Run], target: float) -> Reached | None:
     """On the seed-mean curve, as the papers count rounds to an accuracy; not the mean of each
     seed's own first round, which would credit a target the average model never reaches."""
     mean_accuracy = np.mean([run.test_accuracy for run in runs], axis=0)
@@ -64,6 +89,26 @@ def reached(runs: list[Run], target: float) -> Reached | None:
                    bytes=float(np.mean([run.cumulative_bytes[at] for run in runs])))
 
 
+def reached_per_seed(runs: list[Run], target: float) -> tuple[Reached | None, int, int]:
+    """Each seed's first evaluated round at or above the target (for a run that stopped at this
+    very target, its summary's target_round), averaged when every seed reached it; with how many
+    did, and how many stopped at a lower target of their own before reaching it."""
+    rounds, times, sizes, unknown = [], [], [], 0
+    for run in runs:
+        hit = first_crossing(run.test_accuracy, target)
+        if hit is None:
+            unknown += run.stopped_at_target
+            continue
+        at = run.evaluated[hit]
+        rounds.append(run.rounds[at])
+        times.append(run.virtual_time_s[at])
+        sizes.append(run.cumulative_bytes[at])
+    if len(rounds) < len(runs):
+        return None, len(rounds), unknown
+    by_seed = spread(rounds)
+    return Reached(by_seed.mean, float(np.mean(times)), float(np.mean(sizes)), by_seed.std), len(rounds), 0
+
+
 def first_crossing(values, target: float, below: bool = False) -> int | None:
     """Index of the first of `values` at or above `target` (at or below it with `below`, for a loss);
     None when none is. NaN never crosses."""
@@ -74,8 +119,8 @@ def first_crossing(values, target: float, below: bool = False) -> int | None:
 
 def rounds_to_target(metrics: list[dict], key: str, target: float, below: bool = False) -> int | None:
     """The first round (1-based, as metrics.jsonl counts them: the round just completed) whose `key`
-    reaches `target` (specs/fedmos.md §7.5: loss <= target or accuracy >= target), among the rounds
-    that logged it; None when none does."""
+    reaches `target` (a loss at most the target, an accuracy at least it), among the rounds that
+    logged it; None when none does."""
     logged = [m for m in metrics if key in m]
     hit = first_crossing([m[key] for m in logged], target, below)
     return None if hit is None else int(logged[hit]["round"])
@@ -85,10 +130,12 @@ AXES = {"round": "rounds", "virtual_time_s": "virtual_time_s", "bytes": "cumulat
 
 
 def seed_mean_curve(runs: list[Run], metric: str, x: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x (seed mean at each point), mean and sample std of `metric` over seeds; test_accuracy at the
-    evaluated rounds, train_loss at every round. The std is NaN with one seed."""
-    at = runs[0].evaluated if metric == "test_accuracy" else slice(None)
+    """x (seed mean at each point), mean and sample std of `metric` over seeds, at the rounds where
+    every seed logged it (test_accuracy: the evaluated rounds) up to the last round every seed ran
+    (runs that stopped at a target end early). The std is NaN with one seed."""
+    length = min(len(run.rounds) for run in runs)
+    at = np.flatnonzero(np.logical_and.reduce([run.logged_at(metric)[:length] for run in runs]))
     xs = np.mean([getattr(run, AXES[x])[at] for run in runs], axis=0)
-    ys = np.array([getattr(run, metric) for run in runs])
+    ys = np.array([run.column(metric)[at] for run in runs])
     std = ys.std(axis=0, ddof=1) if len(runs) > 1 else np.full(ys.shape[1], math.nan)
     return xs, ys.mean(axis=0), std

@@ -13,25 +13,41 @@ NO_VALUE = "–"
 
 
 def render_report(keys: list[str], stats: list[GroupStats], groups: list[Group], unusable: list[Unusable],
-                  target: float | None) -> str:
+                  notes: list[str]) -> str:
+    """`notes`: paragraphs between the count of runs and the table (how the rows were chosen)."""
     averaged = sum(len(s.group.runs) for s in stats)
     sections = [["# rayfed report"], [f"{averaged} run(s) averaged in {len(stats)} group(s)."]]
+    sections += [[note] for note in notes]
     if stats:
-        sections += [_table(keys, stats, target), _footnote(target)]
+        sections += [_table(keys, stats), _footnote(stats)]
     left_out = _left_out(keys, groups, unusable)
     if left_out:
         sections += [["## Not averaged"], left_out]
     return "\n\n".join("\n".join(section) for section in sections) + "\n"
 
 
-def _table(keys: list[str], stats: list[GroupStats], target: float | None) -> list[str]:
+def _target_name(stats: list[GroupStats]) -> str | None:
+    """How the target columns name the target: its value where the groups share one, "target" where
+    they differ (a target column then says which), None where no group has one."""
+    targets = {s.target for s in stats} - {None}
+    if not targets:
+        return None
+    return f"{targets.pop():g}" if len(targets) == 1 else "target"
+
+
+def _table(keys: list[str], stats: list[GroupStats]) -> list[str]:
+    target = _target_name(stats)
     header = [*keys, "seeds", "best test accuracy", "final test accuracy"]
+    if target == "target":
+        header.append("target")
     if target is not None:
-        header += [f"rounds to {target:g}", f"virtual s to {target:g}", f"bytes to {target:g}"]
+        header += [f"rounds to {target}", f"virtual s to {target}", f"bytes to {target}"]
     header += ["wall s per run", "status"]
     rows = [header, ["---"] * len(header)]
     for s in stats:
         row = [*map(render, s.group.values), str(len(s.group.runs)), _spread(s.best), _spread(s.final)]
+        if target == "target":
+            row.append(NO_VALUE if s.target is None else f"{s.target:g}")
         if target is not None:
             row += _reached_cells(s)
         row += [_number(s.wall_time_s, "{:.1f}"), _statuses(s)]
@@ -48,9 +64,17 @@ def _number(value: float, form: str) -> str:
 
 
 def _reached_cells(s: GroupStats) -> list[str]:
+    if s.target is None:
+        return [NO_VALUE] * 3
+    if s.seeds_unknown:
+        return ["unknown"] * 3
     if s.reached is None:
+        if s.per_seed and s.seeds_reached:
+            return [f"{s.seeds_reached} of {len(s.group.runs)} seeds", NO_VALUE, NO_VALUE]
         return ["never"] * 3
-    return [str(s.reached.round), _number(s.reached.virtual_time_s, "{:.1f}"),
+    rounds = (str(int(s.reached.round)) if s.reached.round_std is None
+              else f"{s.reached.round:.1f} ± {_number(s.reached.round_std, '{:.1f}')}")
+    return [rounds, _number(s.reached.virtual_time_s, "{:.1f}"),
             NO_VALUE if math.isnan(s.reached.bytes) else human_bytes(s.reached.bytes)]
 
 
@@ -61,15 +85,26 @@ def _statuses(s: GroupStats) -> str:
     return ", ".join(f"{count} {status}" for status, count in sorted(counts.items()))
 
 
-def _footnote(target: float | None) -> list[str]:
+def _footnote(stats: list[GroupStats]) -> list[str]:
     lines = [f"Mean ± sample standard deviation (ddof = 1) over seeds; {NO_VALUE}: one seed, or no value. "
              "Best: each seed's highest evaluated test accuracy; final: its last evaluated one."]
+    target = _target_name(stats)
     if target is not None:
-        lines.append(f"To {target:g}: the first evaluated round at which the seed-mean test accuracy is ≥ {target:g} "
+        shown = "T" if target == "target" else target
+        lines.append(f"To {shown}: the first evaluated round at which the seed-mean test accuracy is ≥ {shown} "
                      "(never: not within the rounds run); virtual seconds and bytes (up + down, cumulative) are "
                      "the seeds' means at that round.")
-    lines.append("Wall s per run: mean of summary.json's wall_time_s. Status: summary.json's status; "
-                 "incomplete: the run wrote no summary.json.")
+        if target == "target":
+            lines.append("T: the group's target, its runs' train.target_accuracy where no --target is given.")
+    if any(s.per_seed and s.target is not None for s in stats):
+        lines.append(f"Where a group's runs stopped at their target (status reached_target), the seed-mean curve "
+                     f"ends with the first seed that stopped, so rounds to {shown} are each seed's first evaluated "
+                     f"round at ≥ {shown} (its target_round, checked against its metrics.jsonl, where {shown} is its "
+                     "train.target_accuracy), as mean ± std over seeds, and virtual seconds and bytes the means "
+                     "of the seeds' values there; k of n seeds: only k seeds reached it; unknown: a run stopped "
+                     "at a lower target of its own before reaching it.")
+    lines.append("Wall s per run: mean of summary.json's wall_time_s. Status: summary.json's status (finished: ran "
+                 "train.rounds; reached_target: stopped at its target); incomplete: the run wrote no summary.json.")
     return [" ".join(lines)]
 
 

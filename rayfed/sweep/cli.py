@@ -1,4 +1,5 @@
-"""`rayfed sweep SWEEP.yaml [key=value ...] [--out DIR] [--select METRIC] [--group KEY ...]`."""
+"""`rayfed sweep SWEEP.yaml [key=value ...] [--out DIR] [--select METRIC] [--group KEY ...]`: the trials' run
+directories under DIR/trials, and with --select the chosen settings in DIR/selection.md and selection.json."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,9 @@ from pathlib import Path
 
 from rayfed.config import check_path
 from rayfed.errors import ConfigError
-from rayfed.sweep.select import check_group_keys, select, selection_markdown
+from rayfed.report.runs import COMPLETE_STATUSES
+from rayfed.sweep.select import (check_group_keys, select, selection_document, setting_keys_of,
+                                 write_selection)
 from rayfed.sweep.spec import read_sweep
 
 SWEEP_FILE = "sweep.yaml"
@@ -34,13 +37,14 @@ def sweep_command(items: list[str], out: str | None, metric: str | None, group_k
     (sweep_dir / "base.yaml").write_text(sweep.base_text)
     outcomes = run_sweep(sweep, sweep_dir, progress)
     (sweep_dir / "status.json").write_text(json.dumps(outcomes, indent=2) + "\n")
-    failed = {name: outcome for name, outcome in outcomes.items() if outcome["status"] != "finished"}
+    failed = {name: outcome for name, outcome in outcomes.items() if outcome["status"] not in COMPLETE_STATUSES}
     print(f"rayfed: sweep {sweep_dir}: {len(outcomes) - len(failed)} of {len(outcomes)} trials finished")
     for outcome in failed.values():
         print(f"  {outcome['status']}: {outcome['point']}: {outcome.get('reason', '')}".rstrip(": "))
     if metric:
-        table = selection_markdown(select(sweep, sweep_dir / "trials", metric, group_keys), metric)
-        (sweep_dir / "selection.md").write_text(table)
+        rows = select(sweep, sweep_dir / "trials", metric, group_keys)
+        table = write_selection(sweep_dir, selection_document(rows, metric, group_keys,
+                                                              setting_keys_of(sweep.grid, group_keys)))
         print(table, end="")
     return 1 if failed else 0
 
