@@ -2,12 +2,14 @@
 
 Components of your own register with the decorators below, in a module of yours, and are then
 used by name in a config like the built-ins (which register the same way): import the module
-before `rayfed.run`, or name it in the config's `plugins:` list."""
+before `rayfed.run`, or name it in the config's `plugins:` list. Callbacks (rayfed.Callback) see a
+run's rounds from the driver, and may stop it."""
 from rayfed.algorithms import (Algorithm, AlgorithmContext, AlgorithmParams, ClientTask, RoundInfo, RunFacts, Upload,
                                register_algorithm)
 from rayfed.algorithms.base import local_descent, local_sgd, weighted_average
 from rayfed.algorithms.objective import Linear, LocalObjective, Proximal
 from rayfed.api import Result, resume, run
+from rayfed.callbacks import Callback, RunView, Stop, register_callback
 from rayfed.compression import register_compressor
 from rayfed.config import Config, load_config
 from rayfed.data import Dataset, Partition, PartitionRequest, register_dataset, register_partitioner
@@ -15,10 +17,10 @@ from rayfed.errors import ConfigError, RunFinished, RunStopped
 from rayfed.models import ModelForward, register_model, with_structure
 from rayfed.selection import Selection, SelectionRequest, register_selector
 
-__all__ = ["Algorithm", "AlgorithmContext", "AlgorithmParams", "ClientTask", "Config", "ConfigError", "Dataset",
-           "Linear", "LocalObjective", "ModelForward", "Partition", "PartitionRequest", "Proximal", "Result",
-           "RoundInfo", "RunFacts", "RunFinished", "RunStopped", "Selection", "SelectionRequest", "Upload",
-           "load_config", "local_descent", "local_sgd", "register_algorithm", "register_compressor",
-           "register_dataset", "register_model", "register_partitioner", "register_selector", "resume", "run",
-           "weighted_average", "with_structure"]
+__all__ = ["Algorithm", "AlgorithmContext", "AlgorithmParams", "Callback", "ClientTask", "Config", "ConfigError",
+           "Dataset", "Linear", "LocalObjective", "ModelForward", "Partition", "PartitionRequest", "Proximal", "Result",
+           "RoundInfo", "RunFacts", "RunFinished", "RunStopped", "RunView", "Selection", "SelectionRequest", "Stop",
+           "Upload", "load_config", "local_descent", "local_sgd", "register_algorithm", "register_callback",
+           "register_compressor", "register_dataset", "register_model", "register_partitioner", "register_selector",
+           "resume", "run", "weighted_average", "with_structure"]
 __version__ = "0.1.0"

@@ -13,6 +13,9 @@ from torch import Tensor
 
 from rayfed.algorithms.local_training import LocalSchedule
 from rayfed.algorithms.base import AlgorithmContext, build_algorithm
+from rayfed.callbacks import Callback, ModelShape, build_configured, run_callbacks
+from rayfed.callbacks.dispatch import CallbackList
+from rayfed.callbacks.target import REACHED_TARGET
 from rayfed.checkpoint import CHECKPOINT, Checkpoint, check_belongs_to, lines_before, read_checkpoint
 from rayfed.config import Config, check_path, load_config, resolve
 from rayfed.data import Dataset, Partition, class_histogram, load_dataset, make_partition, write_histogram_csv
@@ -22,14 +25,16 @@ from rayfed.engine.lost import ServerLost, WorkerLost
 from rayfed.engine.supervisor import Supervisor, WorkersGone
 from rayfed.engine.vectorized import vectorize_blocker
 from rayfed.errors import ConfigError, RunFinished, RunStopped
-from rayfed.metrics import METRICS, SUMMARY, ProgressBar, read_summary, run_status, summarize, write_json_atomic
+from rayfed.metrics import METRICS, SUMMARY, read_summary, run_status, summarize
 from rayfed.models import FlatModel, build_model
 from rayfed.systems.clients import make_client_systems
 
 
 # What a run writes into its directory; removed again when it fails before its first round.
 RUN_FILES = ("config.yaml", "partition.csv", METRICS, METRICS + ".tmp", SUMMARY, CHECKPOINT,
-             CHECKPOINT + ".tmp")
+             CHECKPOINT + ".tmp", "mlflow.json")
+# How runs that end normally end: a resume has nothing left to do for them.
+ENDED = ("finished", REACHED_TARGET)
 
 
 @dataclasses.dataclass
@@ -41,18 +46,21 @@ class Result:
     buffers: Tensor         # its BatchNorm buffers, flat
 
 
-def run(config: Config, run_dir: str | Path | None = None, progress: bool = True) -> Result:
+def run(config: Config, run_dir: str | Path | None = None, progress: bool = True,
+        callbacks: list[Callback] = ()) -> Result:
     """Trains `config` and writes its run directory (a fresh one under ./runs unless `run_dir`).
-    Bad input raises ConfigError before anything is started or written; a run that cannot go on
-    (divergence, actors out of restarts) raises RunStopped after writing what it computed."""
+    `callbacks` (rayfed.Callback) run after the config's `logging.callbacks`. Bad input raises
+    ConfigError before anything is started or written; a run that cannot go on (divergence,
+    actors out of restarts, a callback that raised) raises RunStopped after writing what it
+    computed."""
     started = time.perf_counter()
     config = resolve(config)
     if run_dir is not None:
         run_dir = _check_out(Path(run_dir))
-    return _execute(config, run_dir, progress, started)
+    return _execute(config, run_dir, progress, started, _callbacks(config, callbacks))
 
 
-def resume(run_dir: str | Path, progress: bool = True) -> Result:
+def resume(run_dir: str | Path, progress: bool = True, callbacks: list[Callback] = ()) -> Result:
     """Continues the run in `run_dir` from its last checkpoint, with its own config.yaml; the final
     model is bitwise the one an uninterrupted run would have produced. The run directory is
     checked first: a checkpoint that does not belong to it, or files changed since it was written,
@@ -62,13 +70,20 @@ def resume(run_dir: str | Path, progress: bool = True) -> Result:
     if not str(run_dir).strip() or not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{str(run_dir)!r} is not a run directory (no config.yaml)")
     config = load_config(run_dir / "config.yaml")
-    finished = _rounds_finished(run_dir)
-    if finished == config.train.rounds:
-        raise RunFinished(f"{run_dir} finished all its {finished} rounds; nothing to resume")
+    _check_not_ended(run_dir, config)
     checkpoint = read_checkpoint(run_dir)
     check_belongs_to(run_dir, checkpoint, config)
     lines = lines_before(run_dir, checkpoint)
-    return _execute(config, run_dir, progress, started, checkpoint=checkpoint, lines=lines)
+    return _execute(config, run_dir, progress, started, _callbacks(config, callbacks), checkpoint=checkpoint,
+                    lines=lines)
+
+
+def _callbacks(config: Config, given: list[Callback]) -> list[Callback]:
+    """The config's callbacks, built (a failing constructor is a ConfigError before any work), then `given`."""
+    for callback in given:
+        if not isinstance(callback, Callback):
+            raise ConfigError(f"callbacks: {callback!r} is not a rayfed.Callback")
+    return [*build_configured(config.logging.callbacks), *given]
 
 
 def load_data(config: Config) -> tuple[Dataset, Partition]:
@@ -81,7 +96,7 @@ def load_data(config: Config) -> tuple[Dataset, Partition]:
     return dataset, partition
 
 
-def _execute(config: Config, run_dir: Path | None, progress: bool, started: float,
+def _execute(config: Config, run_dir: Path | None, progress: bool, started: float, users: list[Callback],
              checkpoint: Checkpoint | None = None, lines: list[bytes] = ()) -> Result:
     client_systems = make_client_systems(config)
     data_started = time.perf_counter()
@@ -91,8 +106,7 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
     config = _without_unsupported_vectorize(config, dataset, partition)
     engine = make_engine(config, dataset, partition, client_systems)
     created, new_files = None, False
-    bar = ProgressBar(config.train.rounds, progress, initial=len(lines))
-    supervisor = None
+    supervisor = callbacks = None
     try:
         if checkpoint is None:
             run_dir, created = _create_run_dir(run_dir, config)
@@ -100,23 +114,44 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
             (run_dir / "config.yaml").write_text(config.to_yaml())
             write_histogram_csv(run_dir / "partition.csv",
                                 class_histogram(partition, dataset.train_y, dataset.num_classes))
-        supervisor = Supervisor(engine, config, run_dir, bar)
+        metrics_file, callbacks = run_callbacks(config, run_dir, progress, users)
+        supervisor = Supervisor(engine, config, run_dir, ModelShape(dataset.input_shape, dataset.num_classes),
+                                metrics_file, callbacks, resumed_from=None if checkpoint is None else len(lines))
         if checkpoint is not None:
             _resume_supervisor(supervisor, checkpoint, lines)
         startup_s = time.perf_counter() - started
         final = supervisor.run()
     except BaseException as error:
-        _account_for_stop(error, supervisor, new_files, run_dir, created, config, started)
+        summary = _account_for_stop(error, supervisor, new_files, run_dir, created, config, started)
+        if supervisor is not None:
+            supervisor.callbacks.run_end_after_failure(supervisor.view, summary)
+        elif callbacks is not None:
+            CallbackList(callbacks).run_end_after_failure(None, summary)
         raise
+    else:
+        summary = _summary(config, supervisor, final, started, startup_s, data_time_s)
+        # A callback failing here fails the command, but the run ended: its summary stays as written.
+        supervisor.callbacks.run_end(supervisor.view, summary)
     finally:
-        bar.close()
         if supervisor is not None:
             supervisor.close()
         engine.shutdown()
+    return Result(supervisor.history, summary, run_dir, final["params"], final["buffers"])
+
+
+def _summary(config: Config, supervisor: Supervisor, final: dict, started: float, startup_s: float,
+             data_time_s: float) -> dict:
+    """summary.json of a run that ended normally: all its rounds played, or a callback stopped it."""
     history = supervisor.history
+    ending = {"status": "finished"}
+    if supervisor.stop is not None:
+        stop, callback = supervisor.stop
+        ending = {"status": stop.status, "stopped_because": stop.reason}
+        if stop.status == REACHED_TARGET:
+            ending["target_round"] = history[-1]["round"]
     summary = {
         **summarize(history),
-        "status": "finished",
+        **ending,
         **_identity(config, started),
         "startup_time_s": startup_s,
         "data_time_s": data_time_s,
@@ -129,8 +164,7 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
     }
     # What the components report apart from the rounds (CACS's warm-up and what it cost).
     summary.update(final["summary_extras"])
-    write_json_atomic(run_dir / SUMMARY, summary)
-    return Result(history, summary, run_dir, final["params"], final["buffers"])
+    return summary
 
 
 def _resume_supervisor(supervisor: Supervisor, checkpoint: Checkpoint, lines: list[bytes]) -> None:
@@ -143,19 +177,20 @@ def _resume_supervisor(supervisor: Supervisor, checkpoint: Checkpoint, lines: li
 
 
 def _account_for_stop(error: BaseException, supervisor: Supervisor | None, new_files: bool, run_dir: Path | None,
-                      created: Path | None, config: Config, started: float) -> None:
+                      created: Path | None, config: Config, started: float) -> dict | None:
     """What a run that stops early leaves: nothing, when it completed no round; otherwise its
-    rounds and a summary saying why it stopped. The error learns where the run is, for the CLI."""
+    rounds and a summary saying why it stopped (returned, for the callbacks to write). The error
+    learns where the run is, for the CLI."""
     history = supervisor.history if supervisor is not None else []
+    error.run_dir, error.rounds_completed = run_dir, len(history)
     if new_files and not history:
         # Nothing was computed: a run directory with no rounds would only mislead.
         _remove_new_run(run_dir, created)
     elif run_dir is not None and history:
         status = error.status if isinstance(error, RunStopped) else "interrupted"
-        write_json_atomic(run_dir / SUMMARY, {**summarize(history), "status": status,
-                                                     "stopped_because": str(error) or type(error).__name__,
-                                                     **_identity(config, started)})
-    error.run_dir, error.rounds_completed = run_dir, len(history)
+        return {**summarize(history), "status": status, "stopped_because": str(error) or type(error).__name__,
+                **_identity(config, started)}
+    return None
 
 
 def _identity(config: Config, started: float) -> dict:
@@ -163,12 +198,16 @@ def _identity(config: Config, started: float) -> dict:
             "dataset": config.data.dataset, "num_clients": config.data.num_clients, "seed": config.seed}
 
 
-def _rounds_finished(run_dir: Path) -> int | None:
-    """The rounds of a run that ended normally, from its summary.json; None if it has not."""
+def _check_not_ended(run_dir: Path, config: Config) -> None:
+    """RunFinished for a run that ended normally: all its rounds, or its target reached."""
     summary = read_summary(run_dir)
-    if summary is None or run_status(summary) != "finished":
-        return None
-    return summary.get("rounds_completed")
+    if summary is None:
+        return
+    status = run_status(summary)
+    if status == "finished" and summary.get("rounds_completed") == config.train.rounds:
+        raise RunFinished(f"{run_dir} finished all its {config.train.rounds} rounds; nothing to resume")
+    if status == REACHED_TARGET:
+        raise RunFinished(f"{run_dir} reached its target in round {summary.get('target_round')}; nothing to resume")
 
 
 def _without_unsupported_vectorize(config: Config, dataset, partition: Partition) -> Config:

@@ -7,6 +7,7 @@ import signal
 import sys
 
 from rayfed.errors import ConfigError, RunFinished, RunStopped, Terminated
+from rayfed.report.options import add_report_arguments
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,16 +66,7 @@ def _parser() -> argparse.ArgumentParser:
                               help="the keys that make a group for --select (default algorithm.name)")
     sweep_parser.add_argument("--quiet", action="store_true", help="no progress view")
     report_parser = commands.add_parser("report", help="tables and plots over run or sweep directories")
-    report_parser.add_argument("dirs", nargs="+", metavar="DIR", help="run directories, or directories holding them")
-    report_parser.add_argument("--group", metavar="KEY", nargs="+", default=["algorithm.name"],
-                               help="config keys whose values make a group; runs in a group differ by seed "
-                                    "(default algorithm.name)")
-    report_parser.add_argument("--target", metavar="ACC", type=float,
-                               help="test accuracy whose first reaching on the seed-mean curve is reported")
-    report_parser.add_argument("--x", choices=("round", "virtual_time_s", "bytes"), default="round",
-                               help="the plots' x axis (default round)")
-    report_parser.add_argument("--out", metavar="DIR",
-                               help="where report.md and the plots go (default: the one DIR given, else ./report)")
+    add_report_arguments(report_parser)
     return parser
 
 
@@ -87,8 +79,8 @@ def _command(args) -> int:
         from rayfed.sweep.cli import sweep_command
         return sweep_command(args.items, args.out, args.select, args.group, not args.quiet)
     if args.command == "report":
-        from rayfed.report.cli import report_command
-        return report_command(args.dirs, args.group, args.target, args.x, args.out)
+        from rayfed.report.cli import report_from_args
+        return report_from_args(args)
     if args.command == "run" and args.resume is not None:
         if args.items or args.out:
             raise ConfigError("--resume takes the run directory alone: its config.yaml holds the config")
@@ -159,6 +151,8 @@ def _report(result) -> int:
     print(f"  test accuracy: final {s['final_test_accuracy']:.4f}, "
           f"best {s['best_test_accuracy']:.4f} (round {s['best_round']})")
     print(f"  traffic: {human_bytes(s['bytes_up_total'])} up, {human_bytes(s['bytes_down_total'])} down")
+    if "stopped_because" in s:
+        print(f"  {s['status']}: {s['stopped_because']}")
     print(f"  run directory: {result.run_dir}")
     return 0
 

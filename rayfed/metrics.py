@@ -1,15 +1,12 @@
-"""The run directory's files (metrics.jsonl, summary.json) and the progress bar."""
+"""The run directory's records: metrics.jsonl's lines, summary.json, and reading them back."""
 from __future__ import annotations
 
 import hashlib
 import json
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Any
-
-from tqdm import tqdm
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
@@ -101,31 +98,6 @@ def summarize(history: list[dict]) -> dict:
         "bytes_up_total": sum(m["bytes_up"] for m in history),
         "bytes_down_total": sum(m["bytes_down"] for m in history),
     }
-
-
-class ProgressBar:
-    """Round, latest test accuracy and seconds per round, on stderr."""
-
-    def __init__(self, total_rounds: int, enabled: bool, initial: int = 0):
-        self.bar = tqdm(total=total_rounds, initial=initial, file=sys.stderr, disable=not enabled, unit="round",
-                        dynamic_ncols=True, leave=True)
-        self.last_wall = 0.0
-
-    def update(self, metrics: dict) -> None:
-        postfix = {"loss": f"{metrics['train_loss']:.3f}"}
-        if "test_accuracy" in metrics:
-            postfix["acc"] = f"{metrics['test_accuracy']:.4f}"
-        postfix["s/round"] = f"{metrics['wall_time_s'] - self.last_wall:.3f}"
-        self.last_wall = metrics["wall_time_s"]
-        self.bar.set_postfix(postfix, refresh=False)
-        self.bar.update(1)
-
-    def rewind(self, rounds_completed: int) -> None:
-        self.bar.n = rounds_completed
-        self.bar.refresh()
-
-    def close(self) -> None:
-        self.bar.close()
 
 
 def human_bytes(count: float) -> str:

@@ -1,5 +1,5 @@
-"""The registries of components: algorithms, models, datasets, partitioners, selectors and
-compressors, each a name -> entry table filled by decorators.
+"""The registries of components: algorithms, models, datasets, partitioners, selectors,
+compressors and callbacks, each a name -> entry table filled by decorators.
 
 rayfed's own components register themselves the way a researcher's plugin does
 (`rayfed.register_algorithm("name", params=...)` on a builder); nothing else lists them. The
@@ -126,8 +126,9 @@ DATASETS = Registry("dataset", "data.dataset")
 PARTITIONERS = Registry("partitioner", "data.partition")
 SELECTORS = Registry("selector", "selection.selector")
 COMPRESSORS = Registry("compressor", "compression.name")
+CALLBACKS = Registry("callback", "logging.callbacks")
 REGISTRIES = {registry.kind: registry for registry in (ALGORITHMS, MODELS, DATASETS, PARTITIONERS, SELECTORS,
-                                                        COMPRESSORS)}
+                                                        COMPRESSORS, CALLBACKS)}
 
 
 def plugin_entries() -> list[Entry]:

@@ -1,5 +1,6 @@
 """The checks every algorithm's own tests run on it through whole runs: the local engine and the
-ray engine with 1, 2 and 3 workers give the same bits; a run interrupted and resumed from its
+ray engine with 3 workers give the same bits (3 split the 7 clients of a round unevenly; that any
+worker count gives the engine's same bits is test_engine_equivalence's); a run interrupted and resumed from its
 checkpoint ends where the whole run ends; the memory check counts the client state it declares.
 A real ClientTask for objectives that need a model (MOON, FedMLB) is built here too."""
 import copy
@@ -31,10 +32,8 @@ def assert_same_params(tmp_path, first, second):
 
 def assert_engines_agree(tmp_path, overrides):
     reference = run(tmp_path, SYNTHETIC_MLP + overrides + ["engine.backend=local"], "local")
-    for workers in (1, 2, 3):
-        other = run(tmp_path, SYNTHETIC_MLP + overrides + ["engine.backend=ray", f"engine.num_workers={workers}"],
-                    f"ray{workers}")
-        assert_same_run(reference, other)
+    other = run(tmp_path, SYNTHETIC_MLP + overrides + ["engine.backend=ray", "engine.num_workers=3"], "ray3")
+    assert_same_run(reference, other)
     return reference
 
 

@@ -81,7 +81,7 @@ def test_a_model_without_blocks_is_refused_with_the_models_that_have_them():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["fedmlb", "fedmlbm"])
-def test_local_and_ray_with_1_2_3_workers_are_bitwise_identical(tmp_path, ray_cluster, name):
+def test_local_and_ray_engines_are_bitwise_identical(tmp_path, ray_cluster, name):
     assert_engines_agree(tmp_path, [f"algorithm.name={name}"])
 
 

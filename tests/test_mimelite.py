@@ -39,7 +39,7 @@ def test_without_momentum_it_is_fedavg_bit_for_bit(tmp_path):
 
 
 @pytest.mark.slow
-def test_local_and_ray_with_1_2_3_workers_are_bitwise_identical(tmp_path, ray_cluster):
+def test_local_and_ray_engines_are_bitwise_identical(tmp_path, ray_cluster):
     assert_engines_agree(tmp_path, ["algorithm.name=mimelite"])
 
 

@@ -10,7 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import SCALARS, Even
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 import rayfed
-from rayfed.tensorboard_log import EVENT_FILES, TensorBoardLog, scalars
+from rayfed.callbacks.tensorboard import EVENT_FILES, TensorBoardLog, scalars
 from tests.test_checkpoint import ROUNDS, interrupted
 from tests.test_engine_equivalence import SYNTHETIC_MLP
 
@@ -35,7 +35,8 @@ def assert_events_are_the_metrics(run_dir, rounds: int):
             expected.setdefault(tag, {})[record["round"]] = value
     events = EventAccumulator(str(run_dir), size_guidance={SCALARS: 0})
     events.Reload()
-    assert sorted(events.Tags()["scalars"]) == sorted(expected)
+    round_tags = [tag for tag in events.Tags()["scalars"] if not tag.startswith("summary/")]
+    assert sorted(round_tags) == sorted(expected)
     for tag, values in expected.items():
         read = events.Scalars(tag)
         assert [event.step for event in read] == sorted(values), tag    # one value per round, in order
@@ -50,6 +51,33 @@ def test_event_files_hold_every_numeric_metrics_field_of_every_round(tmp_path):
     assert {"train_loss", "bytes_up", "wall_time_s", "phase_s/train", "test_accuracy"} <= set(expected)
     assert sorted(expected["test_accuracy"]) == [2, 4]          # evaluated rounds only
     assert len(list(result.run_dir.glob(EVENT_FILES))) == 1
+
+
+def test_the_hparams_tab_gets_the_config_and_the_final_and_best_accuracy(tmp_path):
+    from tensorboard.plugins.hparams import plugin_data_pb2
+    result = rayfed.run(rayfed.load_config(None, LOCAL), run_dir=tmp_path / "run", progress=False)
+    events = EventAccumulator(str(result.run_dir), size_guidance={SCALARS: 0})
+    events.Reload()
+    for key in ("final_test_accuracy", "best_test_accuracy", "final_test_loss"):
+        [event] = events.Scalars(f"summary/{key}")
+        assert (event.step, event.value) == (4, np.float32(result.summary[key]))
+    hparams = {}
+    for path in result.run_dir.glob(EVENT_FILES):
+        for event in EventFileLoader(str(path)).Load():
+            for value in event.summary.value:
+                if value.tag == "_hparams_/session_start_info":
+                    data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+                    hparams = {key: getattr(item, item.WhichOneof("kind")) for key, item
+                               in data.session_start_info.hparams.items()}
+    config = rayfed.load_config(result.run_dir / "config.yaml")
+    assert hparams["algorithm.name"] == "fedavgm" and hparams["train.rounds"] == 4
+    assert hparams["model.hidden_sizes"] == "[" + ", ".join(map(str, config.model.hidden_sizes)) + "]"
+    assert hparams["logging.tensorboard"] == "true" and hparams["train.target_accuracy"] == "null"
+    assert len(hparams) == len(_leaves(config.to_dict()))
+
+
+def _leaves(tree: dict) -> list:
+    return [leaf for value in tree.values() for leaf in (_leaves(value) if isinstance(value, dict) else [value])]
 
 
 @pytest.mark.parametrize("fail_at_round", [5, 6])

@@ -1,6 +1,9 @@
 """TensorBoard event files in the run directory (`logging.tensorboard`): every numeric field of each
 round's metrics.jsonl record as a scalar at step = the record's `round`, so that
-`tensorboard --logdir runs/` shows runs side by side, one run directory per TensorBoard run.
+`tensorboard --logdir runs/` shows runs side by side, one run directory per TensorBoard run; and
+at the end of the run its config as hyperparameters (dotted keys, so the HParams tab groups them
+by section) with its final and best test accuracy as their metrics, so that a sweep's trials can
+be compared in the HParams tab.
 
 Written with torch's SummaryWriter: torch is already a dependency, and it has `purge_step`, which
 tensorboard's own (experimental) `tensorboard.summary.Writer` lacks. Flushed every round, so a
@@ -14,6 +17,10 @@ import math
 import numbers
 import time
 from pathlib import Path
+
+import yaml
+
+from rayfed.callbacks.base import Callback, RunView
 
 EVENT_FILES = "events.out.tfevents.*"
 
@@ -34,6 +41,44 @@ def scalars(metrics: dict, prefix: str = "") -> dict[str, float]:
     return found
 
 
+# The summary's figures that the HParams tab shows beside each run's hyperparameters.
+HPARAM_METRICS = ("final_test_accuracy", "best_test_accuracy", "final_test_loss")
+
+
+class TensorBoard(Callback):
+    def __init__(self, run_dir: Path):
+        self.log = TensorBoardLog(run_dir)
+
+    def on_round_end(self, run: RunView, record: dict) -> None:
+        self.log.append(record)
+
+    def on_rewind(self, run: RunView, rounds_completed: int) -> None:
+        self.log.rewind(rounds_completed)
+
+    def on_run_end(self, run: RunView, summary: dict | None) -> None:
+        if summary is not None and self.log.writer is not None:
+            self.log.hparams(hparams_of(run.config.to_dict()),
+                             {f"summary/{key}": summary[key] for key in HPARAM_METRICS
+                              if isinstance(summary.get(key), float) and math.isfinite(summary[key])},
+                             step=summary["rounds_completed"])
+        self.log.close()
+
+
+def hparams_of(config: dict, prefix: str = "") -> dict[str, int | float | str]:
+    """The config's leaves under their dotted keys, as the HParams plugin takes them: numbers and
+    text as they are, anything else (flags, lists, null) as its YAML text, since the plugin would
+    show a flag as 1.0."""
+    found = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            found.update(hparams_of(value, f"{prefix}{key}."))
+        elif isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            found[f"{prefix}{key}"] = value
+        else:
+            found[f"{prefix}{key}"] = yaml.safe_dump(value, default_flow_style=True).removesuffix("\n...\n").strip()
+    return found
+
+
 class TensorBoardLog:
     """The run's event files. A file is opened with the first round it records (so a resume that
     is refused, or a run that fails before its first round, leaves none), and a new one after
@@ -49,6 +94,16 @@ class TensorBoardLog:
             self._open()
         step = int(metrics["round"])
         for tag, value in scalars(metrics).items():
+            self.writer.add_scalar(tag, value, global_step=step)
+        self.writer.flush()
+
+    def hparams(self, hparams: dict, metrics: dict[str, float], step: int) -> None:
+        """The run's hyperparameters and `metrics` (scalars at `step`) for the HParams tab, in the
+        run's own event file, so that the tab has one row per run directory."""
+        from torch.utils.tensorboard.summary import hparams as hparams_summaries
+        for summary in hparams_summaries(hparams, metrics):
+            self.writer.file_writer.add_summary(summary)
+        for tag, value in metrics.items():
             self.writer.add_scalar(tag, value, global_step=step)
         self.writer.flush()
 

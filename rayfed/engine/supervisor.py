@@ -4,19 +4,24 @@ A worker that dies is restarted by Ray and gets its clients' states back from th
 checkpoint (or starts them afresh without one). A server actor that dies is recreated from the
 last checkpoint (or from the start), every worker goes back to that checkpoint's client states,
 and the rounds since run again: the run ends with the bits of an uninterrupted one. The
-supervisor writes metrics.jsonl (and with logging.tensorboard the TensorBoard event files) and
-the checkpoints, and stops the run with one line saying why when the model diverges or an actor is
-out of restarts.
+supervisor tells the run's callbacks (rayfed.callbacks: metrics.jsonl, TensorBoard, the progress
+bar, the divergence stop, the checkpoints, and the researcher's own) about each round, each
+checkpoint and each rewind, ends the run when one of them asks, and stops it with one line saying
+why when an actor is out of restarts.
 """
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+from torch import Tensor
+
+from rayfed.callbacks.base import Callback, ModelShape, RunView, Stop
+from rayfed.callbacks.dispatch import CallbackList
+from rayfed.callbacks.metrics_file import MetricsFile
 from rayfed.checkpoint import Checkpoint, config_sha256, has_checkpoint, read_checkpoint, write_checkpoint
 from rayfed.config import Config
 from rayfed.engine.extensions import Extension, make_extensions
@@ -25,8 +30,7 @@ from rayfed.engine.lost import ServerLost, WorkerLost
 from rayfed.engine.worker import client_owner
 from rayfed.errors import RunStopped
 from rayfed.faults import SERVER, FaultSchedule
-from rayfed.metrics import METRICS, MetricsLog, ProgressBar
-from rayfed.tensorboard_log import TensorBoardLog
+from rayfed.metrics import strict_json
 
 
 class WorkersGone(Exception):
@@ -34,14 +38,18 @@ class WorkersGone(Exception):
 
 
 class Supervisor:
-    def __init__(self, engine: Engine, config: Config, run_dir: Path, progress: ProgressBar):
+    def __init__(self, engine: Engine, config: Config, run_dir: Path, shape: ModelShape, metrics_file: MetricsFile,
+                 callbacks: list[Callback], resumed_from: int | None = None):
         self.engine = engine
         self.config = config
         self.run_dir = run_dir
-        self.progress = progress
         self.history: list[dict] = []   # every round's metrics so far, resumed ones included
-        self.log = MetricsLog(run_dir / METRICS)
-        self.tensorboard = TensorBoardLog(run_dir) if config.logging.tensorboard else None
+        self.metrics_file = metrics_file
+        self.callbacks = CallbackList(callbacks, (WorkerLost, ServerLost, WorkersGone), self._kept)
+        self.view = RunView(config, run_dir, shape, self.history, self._global_model, self._checkpoint,
+                            resumed_from)
+        self.stop: tuple[Stop, Callback] | None = None
+        self.final: dict | None = None
         self.faults = FaultSchedule(config.engine.fault_injection, config.engine.num_workers)
         self.server_restarts = 0
         self.gone_workers: list[int] = []
@@ -53,14 +61,14 @@ class Supervisor:
         """Continues from `checkpoint`, whose rounds are `lines` of metrics.jsonl: the server and every
         worker go back to it, and the rounds after it run again, so their lines go."""
         self._go_back_to(checkpoint)
-        self.history = [json.loads(line) for line in lines]
-        self.log.rewrite(lines)
-        if self.tensorboard is not None:
-            self.tensorboard.rewind(len(lines))
+        self.history[:] = [json.loads(line) for line in lines]
+        self.callbacks.rewind(self.view, len(lines))
 
     def run(self) -> dict:
-        """Plays the rounds left; returns what the summary and the Result report."""
+        """Plays the rounds left, or those until a callback stops the run; returns what the
+        summary and the Result report."""
         self.started = time.perf_counter()
+        self.callbacks.run_start(self.view)
         while True:
             try:
                 return self._play_to_the_end()
@@ -70,9 +78,6 @@ class Supervisor:
                 self._stop_without_gone_workers()
 
     def close(self) -> None:
-        self.log.close()
-        if self.tensorboard is not None:
-            self.tensorboard.close()
         unfired = self.faults.unfired()
         if unfired:
             print(f"rayfed: engine.fault_injection: never fired: {', '.join(unfired)}", file=sys.stderr)
@@ -82,9 +87,10 @@ class Supervisor:
         # Asked once: what the run does beyond training, so rounds without it make no extra calls.
         extensions = make_extensions(self.engine.get(self.engine.server.extensions()))
         self._before_rounds(extensions, clients_keep_state)
-        while len(self.history) < self.config.train.rounds:
+        while len(self.history) < self.config.train.rounds and self.stop is None:
             self._play(len(self.history), clients_keep_state, extensions)
-        return self._final_state()
+        self.final = self._final_state()
+        return self.final
 
     def _play(self, round: int, clients_keep_state: bool, extensions: list[Extension]) -> None:
         self.round = round
@@ -96,16 +102,11 @@ class Supervisor:
         if self.revived_between_rounds:
             metrics["client_states_after_restart"] = "; ".join(self.revived_between_rounds)
             self.revived_between_rounds = []
-        self.history.append(self.log.append(metrics))      # as metrics.jsonl and resumed rounds hold it
-        if self.tensorboard is not None:
-            self.tensorboard.append(metrics)
-        self.progress.update(metrics)
-        _check_finite(metrics, self.config, self.run_dir)
+        self.history.append(strict_json(metrics))      # as metrics.jsonl and resumed rounds hold it
+        # Callbacks get the round's own values: a NaN loss stays a float, where the file has null.
+        self.stop = self.callbacks.round_end(self.view, metrics)
         if self.gone_workers and not self._all_rounds_done():
             raise WorkersGone()
-        every = self.config.train.checkpoint_every
-        if every and (round + 1) % every == 0 and not self._all_rounds_done():
-            self._checkpoint()
         for worker in range(len(self.engine.workers)):
             enact_due(self.engine, self.faults, worker, round, "idle")
 
@@ -125,9 +126,22 @@ class Supervisor:
         return len(self.history) == self.config.train.rounds
 
     def _checkpoint(self) -> None:
+        """What a callback's `run.checkpoint()` does. With workers gone it leaves the checkpoint to
+        the stop that follows the round, which keeps what the previous one had of their clients."""
+        if self.gone_workers:
+            raise WorkersGone()
         for target in (SERVER, *range(len(self.engine.workers))):
             enact_due(self.engine, self.faults, target, self.round, "checkpoint")
         self._write_checkpoint(self.engine.get(self.engine.server.snapshot()), self._client_states())
+
+    def _global_model(self) -> tuple[Tensor, Tensor]:
+        if self.final is not None:
+            return self.final["params"], self.final["buffers"]
+        return self.engine.get(self.engine.server.global_params()), self.engine.get(self.engine.server.final_buffers())
+
+    def _kept(self) -> str:
+        """What the run directory keeps, for the line of a run that stops."""
+        return f"; {self.run_dir} keeps rounds 1-{len(self.history)}; {self._resume_hint()}"
 
     def _client_states(self) -> dict[int, Any]:
         client_states = {}
@@ -137,10 +151,11 @@ class Supervisor:
 
     def _write_checkpoint(self, server: dict, client_states: dict) -> None:
         # The checkpoint records the digest of these lines: they must reach the disk before it does.
-        self.log.sync()
+        self.metrics_file.sync()
         write_checkpoint(self.run_dir, Checkpoint(len(self.history), self.config.algorithm.name,
                                                   self.config.model.name, config_sha256(self.config),
-                                                  self.log.sha256(), server, client_states))
+                                                  self.metrics_file.sha256(), server, client_states))
+        self.callbacks.checkpoint(self.view, len(self.history))
 
     def _last_checkpoint(self) -> Checkpoint | None:
         return read_checkpoint(self.run_dir) if has_checkpoint(self.run_dir) else None
@@ -239,11 +254,9 @@ class Supervisor:
                              f"{self.config.engine.worker_max_restarts} times while the server was being recreated; "
                              f"{self._resume_hint()}", "workers_lost") from None
         restart = checkpoint.rounds_completed if checkpoint is not None else 0
-        self.log.rewrite(self.log.path.read_bytes().splitlines(keepends=True)[:restart])
         del self.history[restart:]
-        if self.tensorboard is not None:
-            self.tensorboard.rewind(restart)
-        self.progress.rewind(restart)
+        self.stop = None
+        self.callbacks.rewind(self.view, restart)
         self.revived_between_rounds = []
         origin = f"the checkpoint of round {restart}" if checkpoint is not None else "the start"
         print(f"rayfed: the server actor died in round {self.round + 1}; recreated it from {origin} and running the "
@@ -261,19 +274,3 @@ class Supervisor:
                 "server_restarts": self.server_restarts,
                 "summary_extras": engine.get(engine.server.summary_extras())}
 
-
-def _check_finite(metrics: dict, config: Config, run_dir: Path) -> None:
-    problems = []
-    if metrics.get("model_finite") is False:
-        problems.append("the global model has NaN or infinite values")
-    for key in ("train_loss", "test_loss"):
-        value = metrics.get(key)
-        undefined = key == "train_loss" and metrics["num_participants"] == 0     # nobody trained: nothing to judge
-        if value is not None and not undefined and not math.isfinite(value):
-            problems.append(f"{key} is {value}")
-    if problems:
-        round = metrics["round"]
-        raise RunStopped(f"the run diverged in round {round}: {', '.join(problems)}; likely cause: learning rates "
-                         f"too large for this model and data (algorithm.lr_local={config.algorithm.lr_local}, "
-                         f"algorithm.lr_global={config.algorithm.lr_global}); {run_dir} keeps rounds 1-{round}",
-                         "diverged")

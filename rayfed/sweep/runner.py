@@ -29,8 +29,9 @@ from rayfed.sweep.spec import Sweep, Trial
 
 # The trial's driver and the server actor mostly wait: a sliver of a CPU each.
 DRIVER_CPUS = 0.01
-# Statuses (summary.json) of runs a sweep keeps as they are when run again.
-KEPT_STATUSES = ("finished", "diverged")
+# Statuses (summary.json) of runs a sweep keeps as they are when run again: those that ended
+# (a callback's stop and a reached target are ends too).
+KEPT_STATUSES = ("finished", "reached_target", "stopped", "diverged")
 FAILED = "failed"
 
 
@@ -58,6 +59,8 @@ def run_trial(tune_config: dict) -> None:
     # Tune starts trials in a directory of its own; configs name files relative to where rayfed runs.
     if os.path.isdir(spec["cwd"]):
         os.chdir(spec["cwd"])
+    for name, value in spec["environment"].items():
+        os.environ.setdefault(name, value)
     run_dir = Path(spec["run_dir"])
     status = trial_status(run_dir)
     try:
@@ -130,8 +133,10 @@ def _run_trials(sweep: Sweep, pending: list[Trial], sweep_dir: Path, progress: b
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     started_ray = connect_ray(engine.address, largest, engine.connect_timeout_s)
     try:
+        environment = _trial_environment(sweep_dir)
         specs = [{"name": trial.name, "base": str(sweep_dir / "base.yaml"), "overrides": list(trial.overrides),
-                  "run_dir": str(sweep_dir / "trials" / trial.name), "cwd": os.getcwd()} for trial in pending]
+                  "run_dir": str(sweep_dir / "trials" / trial.name), "cwd": os.getcwd(), "environment": environment}
+                 for trial in pending]
         trainable = tune.with_resources(run_trial, lambda tune_config: tune.PlacementGroupFactory(
             trial_bundles(by_name[tune_config["spec"]["name"]].config)))
         tuner = tune.Tuner(
@@ -145,6 +150,16 @@ def _run_trials(sweep: Sweep, pending: list[Trial], sweep_dir: Path, progress: b
     finally:
         if started_ray:
             ray.shutdown()
+
+
+def _trial_environment(sweep_dir: Path) -> dict[str, str]:
+    """What the trials' MLflow logging needs from the sweep: one experiment named after the sweep
+    (unless MLFLOW_EXPERIMENT_NAME or logging.mlflow_experiment says otherwise), and the tracking
+    store MLFLOW_TRACKING_URI names, which trials on other nodes of a cluster do not inherit."""
+    environment = {"MLFLOW_EXPERIMENT_NAME": os.environ.get("MLFLOW_EXPERIMENT_NAME", sweep_dir.resolve().name)}
+    if "MLFLOW_TRACKING_URI" in os.environ:
+        environment["MLFLOW_TRACKING_URI"] = os.environ["MLFLOW_TRACKING_URI"]
+    return environment
 
 
 def _outcome(trials_dir: Path, trial: Trial) -> dict:

@@ -1,0 +1,16 @@
+"""checkpoint.pt every `train.checkpoint_every` rounds, which resume and recovery continue from."""
+from __future__ import annotations
+
+from rayfed.callbacks.base import Callback, RunView
+
+
+class Checkpoints(Callback):
+    def __init__(self, every: int, rounds: int):
+        self.every = every
+        self.rounds = rounds
+
+    def on_round_end(self, run: RunView, record: dict) -> None:
+        done = run.rounds_completed
+        # After the last round there is nothing left to resume.
+        if done % self.every == 0 and done < self.rounds:
+            run.checkpoint()

@@ -1,0 +1,105 @@
+"""MLflow tracking (`logging.mlflow`, the `mlflow` install extra): the resolved config as params,
+every numeric field of each round's record as a metric with step = the round, config.yaml and
+summary.json as artifacts, and the run's status when it ends.
+
+The store is MLflow's own choice: `MLFLOW_TRACKING_URI` when set, else MLflow's local default (a
+sqlite file or ./mlruns in the working directory), so no server is needed. The experiment is
+`logging.mlflow_experiment`, else `MLFLOW_EXPERIMENT_NAME` (a sweep sets it to the sweep's name,
+so that its trials are runs of one experiment), else "rayfed". The MLflow run's id is kept in the
+run directory (mlflow.json), so that a resumed run goes on logging into the same MLflow run.
+Rounds that run again after a rewind are not logged twice: they reproduce the same values."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from rayfed.callbacks.base import Callback, RunView
+from rayfed.callbacks.tensorboard import hparams_of, scalars
+from rayfed.errors import ConfigError
+from rayfed.metrics import SUMMARY
+
+MLFLOW_RUN = "mlflow.json"
+DEFAULT_EXPERIMENT = "rayfed"
+# Rounds are sent in batches, at most this often, and at every checkpoint and the end of the run:
+# one store transaction per round would cost more than a small model's round.
+FLUSH_EVERY_S = 2.0
+# MLflow's limits: params per log_batch call, and metrics per call.
+MAX_PARAMS_PER_CALL = 100
+MAX_METRICS_PER_CALL = 1000
+ENDED = {"finished": "FINISHED", "reached_target": "FINISHED", "stopped": "FINISHED", "interrupted": "KILLED"}
+
+
+def mlflow_client():
+    try:
+        from mlflow.tracking import MlflowClient
+    except ImportError as error:
+        raise ConfigError(f"logging.mlflow needs MLflow ({error}): pip install 'rayfed[mlflow]'") from None
+    return MlflowClient()
+
+
+class MLflow(Callback):
+    def __init__(self, run_dir: Path, experiment: str | None):
+        self.run_dir = Path(run_dir)
+        self.experiment = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
+        self.client = mlflow_client()
+        self.run_id: str | None = None
+        self.logged_through = 0         # the last round the MLflow run holds
+        self.pending: list = []
+        self.last_flush = time.monotonic()
+
+    def on_round_end(self, run: RunView, record: dict) -> None:
+        if self.run_id is None:
+            self._open(run)
+        step = int(record["round"])
+        if step <= self.logged_through:
+            return
+        from mlflow.entities import Metric
+        stamp = int(time.time() * 1000)
+        self.pending += [Metric(key, value, stamp, step) for key, value in scalars(record).items()]
+        self.logged_through = step
+        if time.monotonic() - self.last_flush >= FLUSH_EVERY_S:
+            self._flush()
+
+    def on_checkpoint(self, run: RunView, rounds_completed: int) -> None:
+        self._flush()
+
+    def on_run_end(self, run: RunView, summary: dict | None) -> None:
+        if self.run_id is None:
+            return
+        self._flush()
+        for name in ("config.yaml", SUMMARY):
+            if (self.run_dir / name).is_file():
+                self.client.log_artifact(self.run_id, str(self.run_dir / name))
+        status = "FAILED" if summary is None else ENDED.get(summary.get("status"), "FAILED")
+        if summary is not None:
+            self.client.set_tag(self.run_id, "rayfed.status", summary.get("status", ""))
+        self.client.set_terminated(self.run_id, status)
+
+    def _open(self, run: RunView) -> None:
+        recorded = self.run_dir / MLFLOW_RUN
+        if recorded.is_file():
+            self.run_id = json.loads(recorded.read_text())["run_id"]
+            self.client.update_run(self.run_id, status="RUNNING")
+            history = self.client.get_metric_history(self.run_id, "num_participants")
+            self.logged_through = max((metric.step for metric in history), default=0)
+            return
+        experiment = self.client.get_experiment_by_name(self.experiment)
+        experiment_id = (experiment.experiment_id if experiment is not None
+                         else self.client.create_experiment(self.experiment))
+        created = self.client.create_run(experiment_id, run_name=self.run_dir.name,
+                                         tags={"rayfed.run_dir": str(self.run_dir.resolve())})
+        self.run_id = created.info.run_id
+        recorded.write_text(json.dumps({"tracking_uri": self.client.tracking_uri, "experiment": self.experiment,
+                                        "run_id": self.run_id}) + "\n")
+        from mlflow.entities import Param
+        params = [Param(key, str(value)) for key, value in hparams_of(run.config.to_dict()).items()]
+        for start in range(0, len(params), MAX_PARAMS_PER_CALL):
+            self.client.log_batch(self.run_id, params=params[start:start + MAX_PARAMS_PER_CALL])
+
+    def _flush(self) -> None:
+        for start in range(0, len(self.pending), MAX_METRICS_PER_CALL):
+            self.client.log_batch(self.run_id, metrics=self.pending[start:start + MAX_METRICS_PER_CALL])
+        self.pending = []
+        self.last_flush = time.monotonic()
