@@ -1,6 +1,6 @@
 """Float64 inner products of float32 vectors without float64 copies of whole matrices.
 
-The QP algebra runs in float64 (specs/gradma.md §2.5), but casting an m x d memory with
+The QP algebra runs in float64, but casting an m x d memory with
 d = 10^6 to float64 would take 800 MB; chunking over d keeps the temporary small while the
 products and their sums are float64.
 """

@@ -1,13 +1,13 @@
-"""The cone projection of GradMA (specs/gradma.md §2): the QP
+"""The cone projection of GradMA (Luo et al., CVPR 2023, arXiv:2302.14307, Eqs. 5-10): the QP
 
     ptilde = argmin_v 1/2 ||v - p||^2  s.t.  <v, M_j> >= margin * ||p|| * ||M_j||  for every row j,
 
 solved through its C-dimensional dual min_{z >= 0} 1/2 z^T Q z + b^T z (Q = M M^T, b = M p, the
-margin folded into b) and recovered as ptilde = p + z M. M is row-major: row j is the spec's
+margin folded into b) and recovered as ptilde = p + z M. M is row-major: row j is the paper's
 column M[:, j].
 
 The worker calls this at every local step (C = 3) and the server once per round (C <= m), on
-the whole model or on every parameter tensor (§2.6). Everything before and after the solve is
+the whole model or on every parameter tensor (algorithm.qp_scope). Everything before and after the solve is
 therefore batched over blocks of coordinates, and small QPs are solved together by exact
 active-set enumeration in torch, on the tensors' device; larger ones go to cvxopt, as in the
 authors' code.
@@ -31,14 +31,14 @@ SOLVERS = ("auto", "cvxopt", "enum")
 ENUM_MAX_ROWS = 3         # 2^C supports per QP: cheap for the worker's three constraints only
 ENUM_TOL = 1e-12          # KKT slack accepted by the enumeration, relative to the normalised problem
 ENUM_FALLBACK_TOL = 1e-6  # worst KKT violation still usable when rounding leaves no support within ENUM_TOL
-ZERO_OUTPUT = 1e-6        # ||ptilde|| / ||p|| under which ptilde counts as 0 for min_cosine (§7's tolerance)
+ZERO_OUTPUT = 1e-6        # ||ptilde|| / ||p|| under which ptilde counts as 0 for min_cosine (the tests' tolerance)
 CVXOPT_DUST = 1e-9        # interior-point multipliers below this (normalised) are inactive constraints
 CVXOPT_OPTIONS = {"show_progress": False, "abstol": 1e-12, "reltol": 1e-12, "feastol": 1e-12, "maxiters": 200}
 
 
 @dataclass
 class QPInfo:
-    """Diagnostics of one projection, for logging (§2.5 step 10)."""
+    """Diagnostics of one projection, for logging."""
 
     active: int              # constraints with z_j > 0; 0 on the fast path
     relative_change: float   # ||ptilde - p|| / ||p||; 0.0 when p == 0
@@ -49,7 +49,7 @@ class QPInfo:
 def cone_project(p: Tensor, M: Tensor, *, gram: Tensor | None = None, margin: float = 0.0,
                  ridge: float = 1e-10, solver: str = "auto") -> tuple[Tensor, QPInfo]:
     """argmin_v 1/2||v - p||^2 s.t. <v, M_j> >= margin*||p||*||M_j|| for all rows j, via the dual
-    (spec §2.1, §2.5). p is (d,), M is (C, d); ptilde comes back in p's dtype and device.
+    (the dual of GradMA's Eq. 5). p is (d,), M is (C, d); ptilde comes back in p's dtype and device.
     `gram`: optional precomputed (C, C) float64 M M^T (the server keeps it incrementally); else
     computed with dot64. Never raises for bad numbers: a failure returns p with info.failed set."""
     return cone_project_blocks(p, M, [(0, p.shape[0])], block_grams=None if gram is None else gram[None],
@@ -59,7 +59,7 @@ def cone_project(p: Tensor, M: Tensor, *, gram: Tensor | None = None, margin: fl
 def cone_project_blocks(p: Tensor, M: Tensor, blocks: Sequence[tuple[int, int]], *,
                         block_grams: Tensor | None = None, margin: float = 0.0, ridge: float = 1e-10,
                         solver: str = "auto") -> tuple[Tensor, QPInfo]:
-    """qp_scope="tensor" (spec §2.6): one independent QP per [start, stop) block of coordinates
+    """qp_scope="tensor": one independent QP per [start, stop) block of coordinates
     (blocks partition range(d), in order); ptilde is their concatenation. block_grams: optional
     (T, C, C) float64. The info sums active constraints over blocks, takes the relative change of
     the whole vector and the smallest per-block cosine; failed if any block failed (that block
@@ -125,7 +125,7 @@ def cone_project_blocks(p: Tensor, M: Tensor, blocks: Sequence[tuple[int, int]],
 
 def solve_dual(gram: Tensor, b: Tensor, *, ridge: float = 1e-10, solver: str = "auto") -> tuple[Tensor, bool]:
     """z >= 0 minimising 1/2 z^T Q z + b^T z in float64, for Q = gram plus a ridge of `ridge` times
-    each row's squared norm (the spec's trace(Q)/C ridge after normalising rows to unit norm).
+    each row's squared norm (a trace(Q)/C ridge after normalising rows to unit norm).
     Zero rows are dropped as in cone_project and get z_j = 0. Returns
     (z, failed); a failed z is all nan."""
     _check_solver(solver, gram.shape[0])
@@ -136,13 +136,13 @@ def solve_dual(gram: Tensor, b: Tensor, *, ridge: float = 1e-10, solver: str = "
 
 
 def _kept_rows(row_norms2: Tensor) -> Tensor:
-    """(B, C) mask of the rows that are real constraints (§2.5 step 3): zero rows (a3 at tau = 0,
+    """(B, C) mask of the rows that are real constraints: zero rows (a3 at tau = 0,
     the memory of unsampled workers when beta_2 = 0) are trivially met and would make Q singular.
     No floor relative to the other rows: <v, M_j> >= 0 does not depend on ||M_j||, and a memory
-    row decayed by beta_2^k is tiny yet still binding (§2.1's invariance to rescaling a row).
+    row decayed by beta_2^k is tiny yet still binding (the projection is invariant to rescaling a row).
     The squared norms are float64, so a nonzero float32 row has one of at least 2e-90; only float64
     rows shorter than about 1e-154 underflow to zero rows. cone_project fails a block with a
-    non-finite row before this (§2.5 step 9)."""
+    non-finite row before this."""
     return row_norms2 > 0
 
 
@@ -150,7 +150,7 @@ def _solve_batch(gram: Tensor, b: Tensor, keep: Tensor, ridge: float, solver: st
     """z (B, C) for B independent duals; z_j = 0 on dropped rows, a row of nan where the solver failed."""
     rows = gram.shape[-1]
     eye = torch.eye(rows, dtype=gram.dtype, device=gram.device)
-    # Solve for y with z = y * scale, on unit-norm rows and max |b| = 1 (§2.5 step 5). Row norms
+    # Solve for y with z = y * scale, on unit-norm rows and max |b| = 1. Row norms
     # differ by orders of magnitude (a3 is tiny early in a round, memory rows decay by beta_2 every
     # round), and a ridge relative to trace(Q)/C of the raw Gram would then swamp the short rows;
     # on unit rows trace/C = 1, so the relative ridge is ridge * I and perturbs every constraint
@@ -231,7 +231,7 @@ def _cvxopt_solve(Q: np.ndarray, b: np.ndarray) -> np.ndarray:
     try:
         solution = cvxopt.solvers.qp(cvxopt.matrix(Q), cvxopt.matrix(b), cvxopt.matrix(-np.eye(rows)),
                                      cvxopt.matrix(np.zeros(rows)), options=CVXOPT_OPTIONS)
-    except Exception:  # noqa: BLE001 - any solver error falls back to p (§2.5 step 9), as in the authors' code
+    except Exception:  # noqa: BLE001 - any solver error falls back to p, as in the authors' code
         return np.full(rows, np.nan)
     y = np.array(solution["x"]).ravel()
     # Interior-point multipliers of inactive constraints stay about the duality gap above 0.

@@ -12,7 +12,7 @@ from tests.test_engine_equivalence import assert_same_run, run
 SMALL = ["engine.backend=local", "data.num_clients=40", "train.clients_per_round=9", "train.rounds=4",
          "train.local_steps=3", "train.batch_size=32", "data.synthetic_max_samples=64", "model.name=logreg",
          "train.eval_every=2", "algorithm.lr_local=0.05"]
-# The tolerance docs/performance.md documents for engine.vectorize.
+# The tolerance docs/concepts/performance.md documents for engine.vectorize.
 RTOL, ATOL = 1e-5, 1e-6
 
 

@@ -1,4 +1,4 @@
-"""FedCOM's Fig. 9 (specs/fedcom.md §5.1, §6 claim 5) on a scenario: FedCOMGATE with the 8-bit affine
+"""FedCOM's Fig. 9 (arXiv:2007.01154, Fig. 9) on a scenario: FedCOMGATE with the 8-bit affine
 quantizer (a) at fixed tau with noise added to its zero-point, N_z in {0, 1, 2, 4, 8}, and (b) at a
 fixed noise with tau in {1, 5, 10, 20}; each over several seeds.
 

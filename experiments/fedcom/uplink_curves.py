@@ -1,4 +1,4 @@
-"""FedCOM's comparison (specs/fedcom.md §5-6): training loss and test accuracy against the megabytes
+"""FedCOM's comparison (arXiv:2007.01154): training loss and test accuracy against the megabytes
 clients uploaded, for FedAvg, FedPAQ, SCAFFOLD, FedGATE and FedCOMGATE (8-bit affine, and top-k at
 C_r = 0.1 with memory), each over several seeds.
 

@@ -1,4 +1,4 @@
-"""Prints one method's hyper-parameters of spec fedlalr.md §5.5 as key=value overrides:
+"""Prints one method's hyper-parameters from FedLALR's paper (arXiv:2309.09719, Sec. V-A) as key=value overrides:
 
     rayfed run experiments/fedlalr/e2_cifar10_dir0.6.yaml $(python experiments/fedlalr/hparams.py cifar10 fedadam) seed=0
 

@@ -1,7 +1,7 @@
 """Writes the stage-2 sweep files (sweeps/final/SCENARIO_METHOD.yaml) from the stage-1 selections:
 each method at the learning rates `rayfed sweep --select best_test_accuracy` picked on seed 0, run
-on the held-out seeds 1, 2, 3, with every other hyper-parameter spelled out (spec fedlalr.md §5.5,
-CIFAR-10 column). From the repository root, after stage 1:
+on the held-out seeds 1, 2, 3, with every other hyper-parameter spelled out (FedLALR's paper, arXiv:2309.09719,
+Sec. V-A, CIFAR-10 values). From the repository root, after stage 1:
     python experiments/fedlalr/make_final_sweeps.py synthetic /tmp/fedlalr_sweeps
 """
 import pathlib

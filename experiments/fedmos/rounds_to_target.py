@@ -1,4 +1,4 @@
-"""FedMoS's Table I protocol (specs/fedmos.md §8.1) on a scenario: the six methods the paper compares,
+"""FedMoS's Table I protocol (Wang et al., INFOCOM 2023, Sec. V-C) on a scenario: the six methods the paper compares,
 each over several seeds, and the rounds each takes to reach the scenario's training-loss and
 test-accuracy targets (§7.5: the first round, 1-based, with loss <= target or accuracy >= target),
 with the paper's speed-up factors against FedMoS (UCS) and FedMoS (CACS).

@@ -2,7 +2,7 @@
 
     python experiments/gradma/synthetic_table.py [--rounds 500] [--target 0.6] [--out runs/gradma-synthetic]
 
-Prints a markdown table in the shape of the paper's Tables 1-2 (specs/gradma.md §5.6, A22): top
+Prints a markdown table in the shape of the paper's Tables 1-2 (arXiv:2302.14307, Sec. 6.2): top
 test accuracy per seed (max over rounds), mean ± std (ddof = 0) over seeds, and the first 1-based
 round at which the seed-averaged accuracy curve reaches the target ("—" if never).
 """

@@ -45,7 +45,7 @@ class ClientTask(Protocol):
 
     def draw_batch(self, size: int | None = None) -> Batch:
         """`size` samples (default the batch size) drawn without replacement, independently of the
-        other draws: the minibatches of specs/fedmos.md A19, whose estimator needs each fresh batch
+        other draws: the minibatches of FedMoS's and STEM's STORM steps, whose estimator needs each fresh batch
         unbiased given the past (next_batch's epochs are not)."""
 
     def objective_loss_and_grad(self, params: Tensor, batch: Batch, loss_fn: OutputLoss) -> tuple[Tensor, Tensor]:
@@ -63,7 +63,7 @@ class ClientTask(Protocol):
 
     def paired_loss_and_grad(self, current: Tensor, previous: Tensor, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
         """loss_and_grad at `current`, and the gradient at `previous` on the same batch with the same
-        dropout masks (a STORM step's two evaluations, specs/fedmos.md T8). Both gradients are fresh
+        dropout masks (a STORM step's two evaluations, FedMoS Eq. 3). Both gradients are fresh
         tensors or buffers valid until the next call."""
 
     def full_loss_and_grad(self, params: Tensor) -> tuple[Tensor, Tensor]:

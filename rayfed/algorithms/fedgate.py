@@ -1,4 +1,4 @@
-"""FedGATE and FedCOMGATE (specs/fedcom.md §2.2-2.4, Algorithms 2-4): local SGD corrected by a
+"""FedGATE and FedCOMGATE (Haddadpour et al., AISTATS 2021, arXiv:2007.01154, Algorithms 2-4): local SGD corrected by a
 gradient-tracking vector delta_j that each client keeps, with the upload compressed (compression.*).
 
 Client j in round r: tau steps x <- x - eta (g - delta_j) from w^(r); it uploads
@@ -6,7 +6,7 @@ Delta_j = (w^(r) - x) / eta, which the worker compresses to M_j. The server aver
 Delta_bar = (1/K) sum_j M_j, steps w^(r+1) = w^(r) - eta gamma Delta_bar, and replies Delta_bar to
 the round's clients, which then track: delta_j <- delta_j + (alpha / tau) (M_j - Delta_bar) (their own
 message as sent: the zero-sum invariant sum_j delta_j = 0 holds for any compressor). FedGATE is the
-uncompressed case. With `memory` (top-k with error feedback, §2.4's code-consistent rules) the client
+uncompressed case. With `memory` (top-k with error feedback, Sec. B.1, Eqs. 8-9, in the form the authors' code runs) the client
 uploads Delta_j + nu_j and, with its uncompressed Delta_j, tracks delta_j += (Delta_j - Delta_bar) / tau
 and remembers nu_j += Delta_j - Delta_bar. Clients not sampled keep their state untouched.
 """
@@ -157,7 +157,7 @@ class FedGATE(Algorithm):
                 "max_norm": max((float(t.double().norm()) for t in tracking), default=0.0)}
 
     def combine_state_summaries(self, summaries: list[dict]) -> dict[str, float]:
-        """specs/fedcom.md §3.4: ||sum_j delta_j|| (0 up to rounding with the paper's rule) and max_j ||delta_j||."""
+        """The tracking diagnostics: ||sum_j delta_j|| (0 up to rounding with the paper's rule) and max_j ||delta_j||."""
         sums = [summary["sum"] for summary in summaries if summary["sum"] is not None]
         return {"tracking_sum_norm": float(torch.stack(sums).sum(0).norm()) if sums else 0.0,
                 "tracking_max_norm": max(summary["max_norm"] for summary in summaries)}

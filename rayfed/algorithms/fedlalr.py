@@ -1,5 +1,5 @@
-"""FedLALR (specs/fedlalr.md §2, Algorithm 1), its variants restart momentum (§3.1, Algorithm 2)
-and max aggregation of v_hat (§3.2, Algorithm 3), and naive local AMSGrad (§4.5).
+"""FedLALR (Sun et al., arXiv:2309.09719, Sec. III-B, Algorithm 1), its variants restart momentum (Corollary 2,
+Algorithm 2) and max aggregation of v_hat (Corollary 3, Algorithm 3), and naive local AMSGrad.
 
 Every sampled client starts from the server's (x, m, v_hat), with its plain EMA v also set to
 v_hat (Alg. 1 line 3), runs the round's local AMSGrad steps (local_adaptive.AMSGradDirection) and
@@ -60,7 +60,7 @@ class FedLALRState:
 
 @register_algorithm("fedlalr")
 class FedLALR(Algorithm):
-    """FedLALR (Sun et al., 2023, Algorithm 1): local AMSGrad whose x, m and v_hat the server averages."""
+    """FedLALR (Sun et al., 2023, arXiv:2309.09719, Algorithm 1): local AMSGrad whose x, m and v_hat the server averages."""
 
     Params = FedLALRParams
     state_classes = (FedLALRState,)
@@ -100,7 +100,7 @@ class FedLALR(Algorithm):
 
     def broadcast(self, state: FedLALRState) -> dict[str, Tensor]:
         """x_t, m_{t-1}, v_hat_{t-1} (Alg. 1: 3d); no m with restart momentum (Alg. 2: 2d); x only
-        for naive local AMSGrad (d). What is sent is what the traffic figures count (C23)."""
+        for naive local AMSGrad (d). What is sent is what the traffic figures count."""
         down = {"params": state.params}
         if state.momentum is not None:
             down["momentum"] = state.momentum
@@ -166,7 +166,7 @@ class FedLALR(Algorithm):
 
 
 class _VHatTrace:
-    """The experiment of the paper's Fig. 7 (E6): ||v_hat||^2 after every local step of a client,
+    """The experiment of the paper's Fig. 7: ||v_hat||^2 after every local step of a client,
     whose growth is the decay of its effective learning rate."""
 
     def __init__(self, direction: AMSGradDirection):
@@ -186,7 +186,7 @@ class _VHatTrace:
 
 @register_algorithm("local_amsgrad")
 class LocalAMSGrad(FedLALR):
-    """Naive local AMSGrad (FedLALR's baseline, Sun et al., 2023): only x is synchronised."""
+    """Naive local AMSGrad (FedLALR's baseline, Sun et al., 2023, arXiv:2309.09719): only x is synchronised."""
 
     Params = LocalAMSGradParams
     fixed = {"synchronize_moments": False}

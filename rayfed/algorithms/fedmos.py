@@ -1,12 +1,12 @@
-"""FedMoS (specs/fedmos.md §2, Algorithm 1): STORM client momentum with an unscaled proximal pull
+"""FedMoS (Wang et al., IEEE INFOCOM 2023, Sec. III-A, Algorithm 1): STORM client momentum with an unscaled proximal pull
 toward the round's model, and a heavy-ball server momentum on the aggregated model change.
 
-Client i (§2.1): d_0 = the full local gradient at x^t (init_grad=full; or a minibatch's), then I
+Client i (Eq. 3): d_0 = the full local gradient at x^t (init_grad=full; or a minibatch's), then I
 updates x <- x - eta d - mu (x - x^t), with d corrected between them (storm.storm_descent); it
 uploads Delta_i = x_{i,I} - x^t and keeps nothing. Server (Eq. 4):
     u^t = beta u^{t-1} - (1 / (eta_t I)) sum_i w_i Delta_i,    x^{t+1} = x^t - eta_t I u^t,    u^{-1} = 0,
 with w the selector's weights (c_i / M under md, acs and cacs). The normalisation eta_t I only
-rescales u (T5); I is train.local_steps (train.local_epochs under epochs, as §A3 says).
+rescales u; I is train.local_steps (train.local_epochs under epochs).
 """
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def initial_direction(task: ClientTask, params: Tensor, init_grad: str, minibatc
                       init_batch: int | None = None) -> tuple[Tensor, Tensor]:
     """(loss, d_0): the full local gradient at `params` (init_grad=full), or a minibatch's. The
     step-0 batch is taken from the stream either way, so every later step sees the same batch
-    whichever the mode (spec A3: step tau uses batch tau)."""
+    whichever the mode (step tau uses batch tau)."""
     batch = step_batch(task, minibatches, init_batch)
     if init_grad == "full":
         return task.full_loss_and_grad(params)

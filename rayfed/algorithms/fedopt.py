@@ -1,5 +1,5 @@
-"""FedAdam, FedYogi, FedAdagrad (Reddi et al., specs/fedlalr.md §4.2) and FedAMS-V1/V2 (Wang et al.,
-§4.3): FedAvg's clients, with an adaptive server optimizer (server_optimizer.py) in place of model
+"""FedAdam, FedYogi, FedAdagrad (Reddi et al., ICLR 2021, arXiv:2003.00295) and FedAMS-V1/V2 (Wang et al.,
+ICML 2022, arXiv:2205.02719): FedAvg's clients, with an adaptive server optimizer (server_optimizer.py) in place of model
 averaging.
 
     client i in S_t:  y <- x_t; K local SGD steps;  Delta_i = y - x_t
@@ -34,7 +34,7 @@ class AdamParams(AdagradParams):
 
 
 class AMSParams(AlgorithmParams):
-    """FedAMS (Wang, Lin and Chen, ICML 2022), as FedLALR's paper runs it."""
+    """FedAMS (Wang, Lin and Chen, ICML 2022, arXiv:2205.02719), as FedLALR's paper runs it."""
 
     beta1: Decay = Field(0.9, description="the server optimizer's first-moment decay")
     beta2: Decay = Field(0.99, description="the server optimizer's second-moment decay")
@@ -123,7 +123,7 @@ class FedAdagrad(FedOpt):
 
 @register_algorithm("fedams_v1")
 class FedAMSv1(FedOpt):
-    """FedAMS, variant 1 (Wang, Lin and Chen, ICML 2022): AMSGrad with v_hat floored at eps."""
+    """FedAMS, variant 1 (Wang, Lin and Chen, ICML 2022, arXiv:2205.02719): AMSGrad with v_hat floored at eps."""
 
     Params = AMSParams
     fixed = {"server_optimizer": "ams_v1"}
@@ -131,7 +131,7 @@ class FedAMSv1(FedOpt):
 
 @register_algorithm("fedams_v2")
 class FedAMSv2(FedOpt):
-    """FedAMS, variant 2 (Wang, Lin and Chen, ICML 2022): AMSGrad with eps in the denominator."""
+    """FedAMS, variant 2 (Wang, Lin and Chen, ICML 2022, arXiv:2205.02719): AMSGrad with eps in the denominator."""
 
     Params = AMSv2Params
     fixed = {"server_optimizer": "ams_v2"}

@@ -1,9 +1,9 @@
-"""GradMA-W, GradMA-S and GradMA (specs/gradma.md §3.6-3.11; Alg. 1-3, 7, 8).
+"""GradMA-W, GradMA-S and GradMA (Luo et al., CVPR 2023, arXiv:2302.14307, Sec. 4; Alg. 1-4, 7, 8).
 
 GradMA-W corrects every local step: the gradient is projected onto the cone of directions
 that do not oppose the gradient at the previous local iterate, the gradient at the received
-global model, and the drift x_tau - x_t (spec §2.2). GradMA-S corrects the server momentum
-against the memory D of decayed client updates, kept for at most m clients (§2.3, §3.8-3.9).
+global model, and the drift x_tau - x_t (Sec. 4.1, Eq. 5). GradMA-S corrects the server momentum
+against the memory D of decayed client updates, kept for at most m clients (Sec. 4.2-4.3, Eqs. 6-10, Alg. 3-4).
 GradMA does both.
 """
 from __future__ import annotations
@@ -145,8 +145,8 @@ class GradMA(Algorithm):
 
     def _worker_update(self, task: ClientTask, global_params: Tensor,
                        client_state: GradMAClientState | None) -> tuple[Tensor, float, list[QPInfo]]:
-        """Worker_Update (spec §3.6): I steps along the QP-corrected gradient; the three constraint
-        gradients are taken on the step's own minibatch (spec §2.4 defaults)."""
+        """Worker_Update (Alg. 2): I steps along the QP-corrected gradient; the three constraint
+        gradients are taken on the step's own minibatch."""
         use_last_local = self.anchor_mode == "last_local" and client_state is not None
         previous = client_state.last_local if use_last_local else global_params      # x_{t,-1}
         current = task.start_from(global_params)                                       # x_{t,0}
@@ -174,7 +174,7 @@ class GradMA(Algorithm):
         momentum = optimizer.momentum
         metrics = _combine([upload.metrics for upload in uploads.values()], "qp_local") if self.correct_locally else {}
         if state.memory is not None:
-            # mem_red (spec §3.8) only depends on who took part, so it can run after training.
+            # mem_red (Alg. 4) only depends on who took part, so it can run after training.
             participants = [client_id for client_id in round_info.sampled if client_id in uploads]
             evicted = state.memory.admit(participants)
             state.memory.update({client_id: uploads[client_id].tensors["model_change"] for client_id in participants})

@@ -1,4 +1,4 @@
-"""LaFedOPT (Wang et al., "Local Adaptivity in Federated Learning", specs/fedlalr.md §4.4): clients
+"""LaFedOPT (Wang et al., "Local Adaptivity in Federated Learning", arXiv:2106.02305): clients
 run Adam from a fresh state every round and report their update divided by the sum of their
 preconditioners; the server's joint correction divides the average of those by the average of
 the preconditioner sums' inverses, then takes a server SGD step.
@@ -61,7 +61,7 @@ class LaFedOPTParams(AlgorithmParams):
 
 @register_algorithm("lafedopt")
 class LaFedOPT(Algorithm):
-    """LaFedOPT (FedLALR's baseline, Sun et al., 2023): local Adam with preconditioner-corrected averaging."""
+    """LaFedOPT (Wang et al., arXiv:2106.02305; FedLALR's baseline): local Adam with preconditioner-corrected averaging."""
 
     Params = LaFedOPTParams
     state_classes = (LaFedOPTState,)

@@ -11,7 +11,7 @@ from torch import Tensor
 
 
 class AMSGradDirection:
-    """FedLALR's local step (specs/fedlalr.md §2.1, eqs. (2)-(5)), started from the given moments:
+    """FedLALR's local step (arXiv:2309.09719, Algorithm 1, Eqs. (2)-(5)), started from the given moments:
         m_k     = beta1 m_{k-1} + (1 - beta1) g_k
         v_k     = beta2 v_{k-1} + (1 - beta2) g_k^2
         v_hat_k = max(v_hat_{k-1}, v_k)

@@ -1,5 +1,5 @@
-"""How much and how a client trains in a round, whatever the algorithm (the train.* keys of
-specs/fedlalr.md §2.5, §3.3, §5.5): the number of local steps, the decayed learning-rate factor,
+"""How much and how a client trains in a round, whatever the algorithm (the train.* keys; the adaptive interval is
+FedLALR's, arXiv:2309.09719, Sec. IV-C): the number of local steps, the decayed learning-rate factor,
 weight decay and gradient clipping.
 
 `LocalSchedule` says how many steps client i takes in round t and by what factor its learning rate
@@ -26,8 +26,8 @@ class LocalSchedule:
     local_steps: int                  # K, with interval=fixed and no local_epochs
     batch_size: int
     local_epochs: int | None = None   # K_i = E * ceil(n_i / B) instead of local_steps
-    lr_decay: float = 1.0             # gamma: round t trains with lr * gamma^t (once per round, C18)
-    interval: str = "fixed"           # adaptive: K_t = k_init + ROUND(log_{k_alpha}(t + 1)) (§3.3)
+    lr_decay: float = 1.0             # gamma: round t trains with lr * gamma^t (once per round)
+    interval: str = "fixed"           # adaptive: K_t = k_init + ROUND(log_{k_alpha}(t + 1)) (FedLALR, Sec. IV-C)
     k_init: int = 4
     k_alpha: float = 2.0
     rounding: str = "floor"

@@ -1,11 +1,11 @@
-"""GradMA's server memory: mem_red (specs/gradma.md §3.8) and the decayed rows D (§3.9).
+"""GradMA's server memory (Luo et al., CVPR 2023, arXiv:2302.14307): mem_red (Alg. 4) and the decayed rows D
+(Alg. 3).
 
 D is one preallocated (capacity, d) matrix rather than a map of tensors, so the server QP
 gets its constraint matrix without a gather and a decay is one in-place op. The Gram matrix
 of D, which the QP needs every round, is kept incrementally: rows of clients that were not
 sampled only shrink by beta2, so their inner products shrink by beta2^2 and only the S
-sampled rows (and rows fading through the subnormal range) need fresh O(capacity * d) products
-(§2.5, "Cost").
+sampled rows (and rows fading through the subnormal range) need fresh O(capacity * d) products.
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ class GradientMemory:
         return evicted
 
     def _free(self, client: int) -> None:
-        """Discards the client's history entirely (§3.8: evicted rows are not merged anywhere)."""
+        """Discards the client's history entirely (Alg. 4: evicted rows are not merged anywhere)."""
         del self._counters[client]
         slot = self._slots.pop(client)
         self._rows[slot].zero_()

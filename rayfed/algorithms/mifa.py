@@ -1,6 +1,6 @@
-"""MIFA and MIFAM (specs/gradma.md §3.5, Alg. 6): the server steps along the average of the
+"""MIFA (Gu et al., NeurIPS 2021, arXiv:2106.04159) and MIFAM (GradMA, arXiv:2302.14307, Alg. 6): the server steps along the average of the
 latest update of every one of the N clients, stragglers included. MIFA is MIFAM with beta1 = 0.
-Under a selector other than uniform (specs/fedmos.md §3), whose target is sum_i p_i f_i, the
+Under a selector other than uniform (FedMoS's, Sec. IV), whose target is sum_i p_i f_i, the
 average weights each client's latest update by its importance p_i instead of 1/N; the selector
 then only decides whose update is refreshed.
 
@@ -40,7 +40,7 @@ class MIFAMParams(AlgorithmParams):
 
 @register_algorithm("mifa")
 class MIFA(Algorithm):
-    """MIFA (Gu et al., NeurIPS 2021, Alg. 1): steps along the average of every
+    """MIFA (Gu et al., NeurIPS 2021, arXiv:2106.04159, Alg. 1): steps along the average of every
     client's latest update."""
 
     Params = AlgorithmParams

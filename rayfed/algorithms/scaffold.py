@@ -1,4 +1,4 @@
-"""SCAFFOLD with control-variate option II (Karimireddy et al., as specs/fedcom.md §2.7 writes it):
+"""SCAFFOLD with control-variate option II (Karimireddy et al., ICML 2020, arXiv:1910.06378):
 FedCOM's paper compares FedGATE against it.
 
 Client j: y <- y - eta (g - c_j + c) for tau steps from x; c_j+ = c_j - c + (x - y) / (tau eta); it

@@ -1,5 +1,5 @@
-"""STEM, stochastic two-sided momentum (Khanduri et al., NeurIPS 2021), as FedMoS's paper runs it
-under partial participation (specs/fedmos.md §5.3, A21): FedMoS's baseline.
+"""STEM, stochastic two-sided momentum (Khanduri et al., NeurIPS 2021, arXiv:2106.10435), as
+FedMoS's paper (Wang et al., INFOCOM 2023, Sec. V) runs it under partial participation: FedMoS's baseline.
 
 Clients start from the server's model and its momentum d_bar (before the first round: their full
 local gradient), take I STORM steps without a proximal term, each followed by the momentum
@@ -39,7 +39,7 @@ class STEMState:
 
 @register_algorithm("stem")
 class STEM(Algorithm):
-    """STEM (Khanduri et al., NeurIPS 2021), as FedMoS's paper runs it."""
+    """STEM (Khanduri et al., NeurIPS 2021, arXiv:2106.10435), as FedMoS's paper runs it."""
 
     Params = STEMParams
     state_classes = (STEMState,)

@@ -1,12 +1,13 @@
-"""The STORM local loop that FedMoS (specs/fedmos.md §2.1, Eq. 3) and STEM (§5.3) share.
+"""The STORM local loop (Cutkosky and Orabona, NeurIPS 2019, arXiv:1905.10018) that FedMoS (Wang et al.,
+INFOCOM 2023, Eq. 3) and STEM (arXiv:2106.10435) share.
 
 A recursive momentum d replaces the minibatch gradient: after each step,
     d_{tau+1} = g(x_{tau+1}; B) + (1 - a) (d_tau - g(x_tau; B)),
 the same fresh batch B evaluated at the new and at the previous iterate, with the same dropout
 masks (task.paired_loss_and_grad). Given the past, the correction has mean zero, so d stays an
 unbiased estimate of the local gradient (Lemma 8) when B is drawn independently of the past
-(task.draw_batch, spec A19). The authors' code instead corrects with the previous step's
-gradient, on another batch, stored as zero before the first step (spec §2.6): offered for
+(task.draw_batch). The authors' code instead corrects with the previous step's
+gradient, on another batch, stored as zero before the first step: offered for
 reproduction only, as estimator="reference_code".
 """
 from __future__ import annotations

@@ -31,7 +31,7 @@ class PlainFedAvg:
         self.model = build_model(config.model.name, dataset.input_shape, dataset.num_classes,
                                  config.model.hidden_sizes)
         self.global_params = [p.detach().clone() for p in self.model.parameters()]
-        # BatchNorm running statistics: averaged weighted by sample counts, as rayfed does (spec A8).
+        # BatchNorm running statistics: averaged weighted by sample counts, as rayfed does.
         self.global_buffers = [b.clone() for b in self.model.buffers() if b.is_floating_point()]
         self.has_dropout = any(isinstance(layer, torch.nn.Dropout) for layer in self.model.modules())
 

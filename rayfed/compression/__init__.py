@@ -1,4 +1,4 @@
-"""Compression of uploads (specs/fedcom.md §3): the operators, one small module each, whole-vector
+"""Compression of uploads (FedCOM, arXiv:2007.01154): the operators, one small module each, whole-vector
 or per parameter tensor, and their construction from the compression.* keys."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Affine b-bit integer quantizers (specs/fedcom.md §3.2).
+"""Affine b-bit integer quantizers (FedCOM's experiments, arXiv:2007.01154, Sec. B).
 
 `Affine` is FedTorch's quantizer with a zero-point, the one the paper's experiments used: codes
 round(clamp(z + (x_i - mean)/scale, qmin, qmax)) in [-2^(b-1), 2^(b-1) - 1], scale = (max - min) /

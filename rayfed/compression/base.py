@@ -1,8 +1,8 @@
-"""What a compressor is (specs/fedcom.md §3.1): a vector in, the message that travels out, and back.
+"""What a compressor is: a vector in, the message that travels out, and back.
 
 A message holds its parts in the dtypes they are sent in (float32 values and headers, int32
 indices, int8/int16 codes) and the exact number of bits a fixed-length encoding of them takes
-(§3.3): the traffic a run reports is what a deployment would send. Compressors are pure torch;
+: the traffic a run reports is what a deployment would send. Compressors are pure torch;
 their random draws come from the generator they are given, the client's own stream for the round.
 """
 from __future__ import annotations

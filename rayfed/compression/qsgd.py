@@ -1,4 +1,4 @@
-"""QSGD's stochastic s-level quantizer (specs/fedcom.md §3.2): each coordinate is sent as its sign
+"""QSGD's stochastic s-level quantizer (Alistarh et al., NeurIPS 2017, arXiv:1610.02132): each coordinate is sent as its sign
 and a level xi in {0, 1/s, ..., 1} of ||x||, rounded up with probability a - floor(a), a = s|x_i|/||x||,
 so E Q(x) = x and E||Q(x) - x||^2 = (||x||^2 / s^2) sum_i p_i (1 - p_i). Fixed-length code: the norm
 (32 bits), then a sign bit and ceil(log2(s + 1)) level bits a coordinate."""

@@ -1,8 +1,8 @@
-"""Sparsifiers (specs/fedcom.md §3.2): k values and their int32 indices, 32 + 32 bits each.
+"""Sparsifiers (as FedCOM, arXiv:2007.01154, uses them): k values and their int32 indices, 32 + 32 bits each.
 
 rand-k keeps k coordinates drawn uniformly without replacement, scaled by d/k: unbiased, with
 E||Q(x) - x||^2 = (d/k - 1)||x||^2. top-k keeps the k largest |x_i| (ties to the lower index): biased
-but contractive, ||top_k(x) - x||^2 <= (1 - k/d)||x||^2; FedCOMGATE uses it with a memory (§2.4).
+but contractive, ||top_k(x) - x||^2 <= (1 - k/d)||x||^2; FedCOMGATE uses it with a memory (arXiv:2007.01154, Sec. B.1).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from rayfed.compression.base import FLOAT_BITS, INDEX_BITS, Message, register_co
 
 class _Sparse:
     def __init__(self, kept: int | None = None, ratio: float | None = None):
-        self.kept = kept            # k, or k = floor(ratio * d / 2): bits / (32 d) = ratio (C_r, §2.4)
+        self.kept = kept            # k, or k = floor(ratio * d / 2): bits / (32 d) = ratio (C_r, arXiv:2007.01154, Sec. B.1)
         self.ratio = ratio
 
     def count(self, size: int) -> int:

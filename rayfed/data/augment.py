@@ -1,4 +1,4 @@
-"""CIFAR-style augmentation (spec fedlalr.md §5.4, as in FedDyn's CIFAR loader): a random crop of
+"""CIFAR-style augmentation (FedLALR, arXiv:2309.09719, Sec. V-A, as in FedDyn's CIFAR loader): a random crop of
 the image zero-padded by 4 pixels, then a random horizontal flip, for a whole minibatch at once on
 the device it lives on."""
 from __future__ import annotations

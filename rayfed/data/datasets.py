@@ -141,6 +141,7 @@ def _read_images(name: str, source: _ImageSource, data) -> Dataset:
 
 def _register_image_dataset(name: str, source: _ImageSource) -> None:
     def load(data, seed: int) -> Dataset:
+        """The official files as torchvision downloads them (data.download fetches them), under data.root."""
         return _read_images(name, source, data)
     register_dataset(name, input_shape=source.input_shape, num_classes=source.num_classes,
                      default_model=source.default_model, num_samples=source.num_samples,
@@ -164,12 +165,14 @@ for _name, _image_source in _IMAGE_SOURCES.items():
 @register_dataset("cifar10_random", input_shape=RANDOM_IMAGE_SHAPE, num_classes=RANDOM_CLASSES, default_model="lenet5",
                   num_samples=RANDOM_TRAIN_SIZE + RANDOM_TEST_SIZE)
 def _cifar10_random(data, seed: int) -> Dataset:
+    """Standard-normal images and uniform labels shaped like CIFAR-10, for benchmarks: no files, nothing learnable."""
     return _generate_random_images(seed)
 
 
 @register_dataset("digits", input_shape=DIGITS_IMAGE_SHAPE, num_classes=DIGITS_CLASSES, default_model="mlp",
                   num_samples=DIGITS_SAMPLES, missing_files=DIGITS.missing)
 def _digits(data, seed: int) -> Dataset:
+    """The UCI handwritten digits (8x8 images) that scikit-learn ships: offline, no download."""
     return _load_digits()
 
 

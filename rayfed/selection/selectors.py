@@ -1,4 +1,4 @@
-"""The selectors (specs/fedmos.md §3.4): each returns the round's distinct clients and, except
+"""The selectors (FedMoS, Wang et al., INFOCOM 2023, Sec. IV): each returns the round's distinct clients and, except
 `uniform`, their aggregation weights. Importances are the candidates' sample counts,
 p_i = D_i / sum_j D_j over the clients that can be selected (the online ones).
 
@@ -9,7 +9,7 @@ p_i = D_i / sum_j D_j over the clients that can be selected (the online ones).
     ucs      M clients uniformly without replacement;        w_i = (N / M) p_i (Eq. 28; sum w is 1 on average)
     ucs with variant reference_code: M clients without replacement with probabilities p, w_i = p_i / sum_S p_j
 
-A client drawn more than once trains once and carries its count in its weight (§3.4, A9).
+A client drawn more than once trains once and carries its count in its weight.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Algorithm 2 of FedMoS (Adaptive Client Selection, specs/fedmos.md §3.3): the N x M table Q whose
+"""Algorithm 2 of FedMoS (Adaptive Client Selection, Wang et al., INFOCOM 2023, Sec. IV-C): the N x M table Q whose
 column m is the distribution of draw m, each client's row summing to M p_i (unbiasedness, Eq. 22).
 
 Algorithm 2 fills the draws greedily, clients in order pi: the north-west-corner rule of the
