@@ -1,9 +1,8 @@
 """Callbacks: what a run tells them and when, a run stopped by one, one that raises, callbacks
 named in a config (plugins, import paths) with their errors, and train.target_accuracy."""
+import hashlib
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,6 @@ import rayfed
 from rayfed.cli import main
 from rayfed.errors import ConfigError, RunStopped
 from rayfed.models import build_model
-from rayfed.registry import CALLBACKS
 from tests.test_engine_equivalence import SYNTHETIC_MLP, assert_same_run
 
 LOCAL = SYNTHETIC_MLP + ["engine.backend=local"]
@@ -170,7 +168,15 @@ def test_target_loss_and_accuracy_must_both_be_reached(tmp_path):
     assert result.summary["status"] == "finished" and len(result.history) == 12
 
 
-def test_callbacks_named_in_the_config_from_a_plugin_file_and_an_import_path(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def forget_plugins():
+    yield
+    from tests.test_plugins import forget_plugins as forget
+    forget()
+
+
+def test_callbacks_named_in_the_config_from_a_plugin_file_and_an_import_path(tmp_path, monkeypatch, capsys,
+                                                                            forget_plugins):
     monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
     entries = ("[{name: save_model, every: 2, folder: saved}, "
                "{name: tests.test_callbacks.StopAt, round: 3}]")
@@ -187,8 +193,6 @@ def test_callbacks_named_in_the_config_from_a_plugin_file_and_an_import_path(tmp
     assert torch.equal(torch.cat([p.reshape(-1) for p in module.parameters()]), two_rounds.params)
     assert torch.equal(torch.cat([b.reshape(-1) for b in module.buffers() if b.is_floating_point()]),
                        two_rounds.buffers)
-    CALLBACKS.remove("save_model")
-    CALLBACKS.remove("stop_on_plateau")
 
 
 @pytest.mark.parametrize("entries, message", [
@@ -233,16 +237,13 @@ def test_rayfed_run_refuses_what_is_not_a_callback(tmp_path):
 
 
 @pytest.mark.slow
-def test_plateau_callback_on_the_ray_engine_from_the_cli(tmp_path):
-    """The example plugin, named in the config, on the ray engine in a fresh process: the run ends
-    at the plateau with the bits of the same rounds on the local engine."""
+def test_plateau_callback_named_in_the_config_on_the_ray_engine(tmp_path, ray_cluster, capsys, forget_plugins):
+    """The example plugin's callback, named in the config: the run on the ray engine ends at the
+    plateau with the bits of the same rounds on the local engine."""
     overrides = [*SYNTHETIC_MLP, "train.rounds=40", "train.eval_every=1", f"plugins=[{EXAMPLE}]",
                  "logging.callbacks=[{name: stop_on_plateau, patience: 2}]"]
     for backend in ("ray", "local"):
-        completed = subprocess.run([sys.executable, "-m", "rayfed", "run", *overrides, f"engine.backend={backend}",
-                                    "--out", str(tmp_path / backend), "--quiet"], capture_output=True, text=True,
-                                   timeout=300)
-        assert completed.returncode == 0, completed.stderr
+        assert main(["run", *overrides, f"engine.backend={backend}", "--out", str(tmp_path / backend), "--quiet"]) == 0
     ray_run, local_run = lines(tmp_path / "ray"), lines(tmp_path / "local")
     assert len(ray_run) < 40
     drop = ("wall_time_s", "phase_s")
@@ -251,3 +252,25 @@ def test_plateau_callback_on_the_ray_engine_from_the_cli(tmp_path):
     summary = json.loads((tmp_path / "ray" / "summary.json").read_text())
     assert summary["status"] == "stopped" and "has not improved in 2 evaluations" in summary["stopped_because"]
     assert not math.isnan(summary["final_test_accuracy"])
+
+
+# The quick-start's records without their wall-clock fields, as the run wrote them before its
+# outputs became callbacks (commit f0dd0e9, ray engine, logging.tensorboard=true): sha256 of the
+# JSON list with sorted keys.
+QUICK_START_RECORDS = "3601d5572a2bb6119d63791529d33122a695dd64a7af5cb5721727ef37018111"
+
+
+@pytest.mark.slow
+def test_the_built_in_writers_write_the_quick_start_as_before(tmp_path):
+    from rayfed.metrics import WALL_CLOCK_KEYS
+    from tests.test_tensorboard import assert_events_are_the_metrics
+    result = rayfed.run(rayfed.load_config(None, ["engine.backend=local", "logging.tensorboard=true",
+                                                  "train.checkpoint_every=250"]),
+                        run_dir=tmp_path / "run", progress=False)
+    records = [{key: value for key, value in record.items() if key not in WALL_CLOCK_KEYS}
+               for record in lines(result.run_dir)]
+    assert hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest() == QUICK_START_RECORDS
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    assert (summary["final_test_accuracy"], summary["best_test_accuracy"], summary["best_round"]) == \
+        (0.7597200622083982, 0.7884914463452566, 720)
+    assert_events_are_the_metrics(result.run_dir, 1000)

@@ -31,19 +31,20 @@ MAX_METRICS_PER_CALL = 1000
 ENDED = {"finished": "FINISHED", "reached_target": "FINISHED", "stopped": "FINISHED", "interrupted": "KILLED"}
 
 
-def mlflow_client():
+def mlflow_client_class() -> type:
+    """MLflow's client, imported; a ConfigError saying how to install it where it is missing."""
     try:
         from mlflow.tracking import MlflowClient
     except ImportError as error:
         raise ConfigError(f"logging.mlflow needs MLflow ({error}): pip install 'rayfed[mlflow]'") from None
-    return MlflowClient()
+    return MlflowClient
 
 
 class MLflow(Callback):
     def __init__(self, run_dir: Path, experiment: str | None):
         self.run_dir = Path(run_dir)
         self.experiment = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
-        self.client = mlflow_client()
+        self.client = None              # connected with the first round: a run that fails before it creates no store
         self.run_id: str | None = None
         self.logged_through = 0         # the last round the MLflow run holds
         self.pending: list = []
@@ -78,6 +79,7 @@ class MLflow(Callback):
         self.client.set_terminated(self.run_id, status)
 
     def _open(self, run: RunView) -> None:
+        self.client = mlflow_client_class()()
         recorded = self.run_dir / MLFLOW_RUN
         if recorded.is_file():
             self.run_id = json.loads(recorded.read_text())["run_id"]

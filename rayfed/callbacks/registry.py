@@ -29,8 +29,8 @@ def check_logging(logging) -> None:
     for index, entry in enumerate(logging.callbacks):
         _resolve(index, entry)
     if logging.mlflow:
-        from rayfed.callbacks.mlflow import mlflow_client
-        mlflow_client()
+        from rayfed.callbacks.mlflow import mlflow_client_class
+        mlflow_client_class()
 
 
 def build_configured(entries: list) -> list[Callback]:
