@@ -44,14 +44,16 @@ class Checkpoint:
     rounds_completed: int
     algorithm: str
     model: str
-    config_sha256: str          # of the resolved config, as config.yaml holds it
+    config_sha256: str          # of config.yaml
     metrics_sha256: str         # of metrics.jsonl's first `rounds_completed` lines
     server: dict                # Server.snapshot()
     client_states: dict[int, Any]
 
 
-def config_sha256(config: Config) -> str:
-    return hashlib.sha256(config.to_yaml().encode()).hexdigest()
+def config_sha256(run_dir: Path) -> str:
+    """Of config.yaml's bytes as the run wrote them: a run directory written by an older rayfed,
+    whose config.yaml lacks keys added since (which default to the old behaviour), resumes."""
+    return hashlib.sha256((run_dir / "config.yaml").read_bytes()).hexdigest()
 
 
 def write_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> None:
@@ -135,7 +137,7 @@ def check_belongs_to(run_dir: Path, checkpoint: Checkpoint, config: Config) -> N
     if (checkpoint.algorithm, checkpoint.model) != (config.algorithm.name, config.model.name):
         raise ConfigError(f"{path} is from algorithm {checkpoint.algorithm} with model {checkpoint.model}, but "
                           f"{run_dir / 'config.yaml'} says {config.algorithm.name} with {config.model.name}")
-    if checkpoint.config_sha256 != config_sha256(config):
+    if checkpoint.config_sha256 != config_sha256(run_dir):
         raise ConfigError(f"{run_dir / 'config.yaml'} was changed after {CHECKPOINT} was written; restore it, "
                           f"or start a new run with the new config")
     if checkpoint.rounds_completed >= config.train.rounds:

@@ -238,3 +238,20 @@ def test_resume_arguments_and_finished_runs(tmp_path, capsys):
     assert "is not a run directory" in capsys.readouterr().err
     assert main(["run", "--resume", str(done), "seed=3"]) == 2
     assert "--resume takes the run directory alone" in capsys.readouterr().err
+
+
+def test_a_run_directory_written_before_newer_config_keys_resumes(tmp_path, monkeypatch):
+    """config.yaml as an older rayfed wrote it, without the keys added since (their defaults keep
+    the old behaviour), with its checkpoint: the resume ends with the uninterrupted run's bits."""
+    import dataclasses
+    import yaml
+    from rayfed.checkpoint import config_sha256, write_checkpoint
+    overrides = SYNTHETIC_MLP + ROUNDS + ["engine.backend=local"]
+    whole = rayfed.run(rayfed.load_config(None, overrides), run_dir=tmp_path / "whole", progress=False)
+    run_dir = interrupted(tmp_path, overrides, monkeypatch)
+    older = yaml.safe_load((run_dir / "config.yaml").read_text())
+    del older["train"]["target_accuracy"], older["train"]["target_loss"]
+    older["logging"] = {"tensorboard": False}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(older, sort_keys=False))
+    write_checkpoint(run_dir, dataclasses.replace(read_checkpoint(run_dir), config_sha256=config_sha256(run_dir)))
+    assert_same_run(whole, rayfed.resume(run_dir, progress=False))

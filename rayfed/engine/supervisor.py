@@ -153,7 +153,7 @@ class Supervisor:
         # The checkpoint records the digest of these lines: they must reach the disk before it does.
         self.metrics_file.sync()
         write_checkpoint(self.run_dir, Checkpoint(len(self.history), self.config.algorithm.name,
-                                                  self.config.model.name, config_sha256(self.config),
+                                                  self.config.model.name, config_sha256(self.run_dir),
                                                   self.metrics_file.sha256(), server, client_states))
         self.callbacks.checkpoint(self.view, len(self.history))
 
