@@ -14,7 +14,6 @@ from torch import Tensor
 from rayfed.algorithms.local_training import LocalSchedule
 from rayfed.algorithms.base import AlgorithmContext, build_algorithm
 from rayfed.callbacks import Callback, ModelShape, build_configured, run_callbacks
-from rayfed.callbacks.dispatch import CallbackList
 from rayfed.callbacks.target import REACHED_TARGET
 from rayfed.checkpoint import CHECKPOINT, Checkpoint, check_belongs_to, lines_before, read_checkpoint
 from rayfed.config import Config, check_path, load_config, resolve
@@ -33,8 +32,6 @@ from rayfed.systems.clients import make_client_systems
 # What a run writes into its directory; removed again when it fails before its first round.
 RUN_FILES = ("config.yaml", "partition.csv", METRICS, METRICS + ".tmp", SUMMARY, CHECKPOINT,
              CHECKPOINT + ".tmp", "mlflow.json")
-# How runs that end normally end: a resume has nothing left to do for them.
-ENDED = ("finished", REACHED_TARGET)
 
 
 @dataclasses.dataclass
@@ -106,7 +103,7 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
     config = _without_unsupported_vectorize(config, dataset, partition)
     engine = make_engine(config, dataset, partition, client_systems)
     created, new_files = None, False
-    supervisor = callbacks = None
+    supervisor = None
     try:
         if checkpoint is None:
             run_dir, created = _create_run_dir(run_dir, config)
@@ -125,8 +122,6 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
         summary = _account_for_stop(error, supervisor, new_files, run_dir, created, config, started)
         if supervisor is not None:
             supervisor.callbacks.run_end_after_failure(supervisor.view, summary)
-        elif callbacks is not None:
-            CallbackList(callbacks).run_end_after_failure(None, summary)
         raise
     else:
         summary = _summary(config, supervisor, final, started, startup_s, data_time_s)

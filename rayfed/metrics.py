@@ -36,14 +36,12 @@ class MetricsLog:
         self.digest = hashlib.sha256(path.read_bytes() if path.exists() else b"")
         self.file = open(path, "ab")
 
-    def append(self, metrics: dict) -> dict:
-        """Writes the round's record and returns it as written (NaN and infinities as None)."""
-        record = strict_json(metrics)
+    def append(self, record: dict) -> None:
+        """Writes the round's record, which the run keeps as strict JSON (strict_json)."""
         line = (json.dumps(record, allow_nan=False) + "\n").encode()
         self.file.write(line)
         self.file.flush()
         self.digest.update(line)
-        return record
 
     def sha256(self) -> str:
         return self.digest.hexdigest()

@@ -38,5 +38,5 @@ def run_callbacks(config, run_dir: Path, progress: bool, users: list[Callback]) 
     if train.target_accuracy is not None or train.target_loss is not None:
         stops.append(Target(train.target_accuracy, train.target_loss))
     if train.checkpoint_every:
-        stops.append(Checkpoints(train.checkpoint_every, train.rounds))
+        stops.append(Checkpoints(train.checkpoint_every))
     return metrics_file, [*writers, *users, *stops]

@@ -7,8 +7,11 @@ with or without them."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
+
+from rayfed.registry import BUILTIN_PREFIX
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -91,9 +94,10 @@ class RunView:
         return len(self._history)
 
     @property
-    def history(self) -> tuple[dict, ...]:
-        """Every round's record so far, resumed ones included, as metrics.jsonl holds them."""
-        return tuple(self._history)
+    def history(self) -> Sequence[dict]:
+        """Every round's record so far, resumed ones included, as metrics.jsonl holds them (a
+        read-only view, not a copy: asking for it every round costs nothing)."""
+        return _ReadOnly(self._history)
 
     def global_params(self) -> Tensor:
         """The global model's parameters as one flat float32 tensor, on the CPU."""
@@ -117,6 +121,22 @@ class RunView:
     def checkpoint(self) -> None:
         """Writes checkpoint.pt now (what `train.checkpoint_every` does); on_checkpoint follows."""
         self._checkpoint()
+
+
+class _ReadOnly(Sequence):
+    def __init__(self, items: list):
+        self._items = items
+
+    def __getitem__(self, index):
+        return self._items[index]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def builtin(callback: Callback) -> bool:
+    """One of rayfed's own callbacks, which read the records they are given and never change them."""
+    return type(callback).__module__.startswith(BUILTIN_PREFIX)
 
 
 def callback_name(callback: Any) -> str:

@@ -5,7 +5,7 @@ import copy
 import sys
 from typing import Callable
 
-from rayfed.callbacks.base import Callback, RunView, Stop, callback_name
+from rayfed.callbacks.base import Callback, RunView, Stop, builtin, callback_name
 from rayfed.errors import RunStopped, first_line
 
 
@@ -37,10 +37,12 @@ class CallbackList:
 
     def round_end(self, run: RunView, record: dict) -> tuple[Stop, Callback] | None:
         """Every callback sees the round (a stop asked for by one does not hide it from the
-        rest); returns the first stop asked for and who asked."""
+        rest); returns the first stop asked for and who asked. A callback of the researcher's
+        gets a copy of the record, so that what it changes reaches neither the others nor the run."""
         stop = None
         for callback in self.callbacks:
-            asked = self._call(callback, "on_round_end", run, copy.deepcopy(record))
+            given = record if builtin(callback) else copy.deepcopy(record)
+            asked = self._call(callback, "on_round_end", run, given)
             if asked is not None and stop is None:
                 if not isinstance(asked, Stop):
                     raise CallbackFailed(f"callback {callback_name(callback)}: on_round_end returned "

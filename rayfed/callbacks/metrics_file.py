@@ -16,7 +16,8 @@ class MetricsFile(Callback):
         self.log = MetricsLog(Path(run_dir) / METRICS)
 
     def on_round_end(self, run: RunView, record: dict) -> None:
-        self.log.append(record)
+        # The run's own strict copy (NaN and infinities as null), made once a round.
+        self.log.append(run.history[-1])
 
     def on_rewind(self, run: RunView, rounds_completed: int) -> None:
         self.log.rewrite(self.log.path.read_bytes().splitlines(keepends=True)[:rounds_completed])

@@ -28,7 +28,8 @@ FLUSH_EVERY_S = 2.0
 # MLflow's limits: params per log_batch call, and metrics per call.
 MAX_PARAMS_PER_CALL = 100
 MAX_METRICS_PER_CALL = 1000
-ENDED = {"finished": "FINISHED", "reached_target": "FINISHED", "stopped": "FINISHED", "interrupted": "KILLED"}
+# MLflow's status of a run, from summary.json's.
+MLFLOW_STATUS = {"finished": "FINISHED", "reached_target": "FINISHED", "stopped": "FINISHED", "interrupted": "KILLED"}
 
 
 def mlflow_client_class() -> type:
@@ -73,7 +74,7 @@ class MLflow(Callback):
         for name in ("config.yaml", SUMMARY):
             if (self.run_dir / name).is_file():
                 self.client.log_artifact(self.run_id, str(self.run_dir / name))
-        status = "FAILED" if summary is None else ENDED.get(summary.get("status"), "FAILED")
+        status = "FAILED" if summary is None else MLFLOW_STATUS.get(summary.get("status"), "FAILED")
         if summary is not None:
             self.client.set_tag(self.run_id, "rayfed.status", summary.get("status", ""))
         self.client.set_terminated(self.run_id, status)
