@@ -1,16 +1,52 @@
 """What travels between the server and the workers each round."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from rayfed.algorithms.base import Upload
 
 
+class ShippedAsNumpy:
+    """Pickles its tensors as numpy arrays. Ray serialises numpy arrays as out-of-band buffers,
+    read zero-copy from the object store, but torch tensors through torch's own pickling: on the
+    ray engine's small-model rounds that was most of the broadcast's and the uploads' cost. The
+    values are the same bits either way."""
+
+    def __reduce__(self):
+        return _rebuild, (type(self), tuple(_to_numpy(getattr(self, field.name)) for field in fields(self)))
+
+
+def _to_numpy(value):
+    if isinstance(value, Tensor) and value.device.type == "cpu" and value.dtype in _NUMPY_DTYPES:
+        return value.numpy()
+    if isinstance(value, dict):
+        return {name: _to_numpy(item) for name, item in value.items()}
+    return value
+
+
+def _from_numpy(value):
+    if isinstance(value, np.ndarray):
+        # An array read from the object store is a read-only view of shared memory.
+        return torch.from_numpy(value if value.flags.writeable else value.copy())
+    if isinstance(value, dict):
+        return {name: _from_numpy(item) for name, item in value.items()}
+    return value
+
+
+def _rebuild(cls, values: tuple):
+    return cls(*(_from_numpy(value) for value in values))
+
+
+_NUMPY_DTYPES = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8,
+                 torch.uint8, torch.bool}
+
+
 @dataclass
-class Broadcast:
+class Broadcast(ShippedAsNumpy):
     """The algorithm's downlink tensors plus the global model's BatchNorm buffers."""
 
     tensors: dict[str, Tensor]
@@ -46,7 +82,7 @@ class WorkerTiming:
 
 
 @dataclass
-class WorkerResult:
+class WorkerResult(ShippedAsNumpy):
     """One worker's clients for one round, packed as one stacked tensor per upload name: a
     round then moves a few tensors per worker instead of a few per client, which is what
     dominates (de)serialisation time when clients are many and models small."""
