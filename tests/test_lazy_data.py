@@ -1,6 +1,7 @@
 """Clients made on demand (rayfed.data.lazy): synthetic_lazy's clients are the same made alone or
 all together, a run on them equals the eager run on the same clients built up front, local equals
 ray, a plugin can write one, and N = 10^7 clients hold no array of the data's size."""
+import pickle
 import textwrap
 import tracemalloc
 
@@ -9,7 +10,7 @@ import pytest
 
 import rayfed
 from rayfed.api import load_data
-from rayfed.data import load_dataset
+from rayfed.data import Partition, load_dataset
 from rayfed.data.lazy import SIZES_CSV_MAX_CLIENTS, TRAIN_LOSS_MAX_CLIENTS, ClientSizes, LazyDataset
 from rayfed.data.synthetic_lazy import SyntheticClients, size_thresholds
 from rayfed.data import synthetic_lazy
@@ -101,6 +102,39 @@ def test_an_on_demand_run_with_client_state_and_a_warm_up_resumes_bitwise(tmp_pa
     assert whole.summary["selection_warmup"]["client_rounds"] == 40
     resumed = rayfed.resume(interrupted(tmp_path, overrides, monkeypatch, fail_at_round=5), progress=False)
     assert_same_run(whole, resumed)
+
+
+@pytest.fixture
+def mapped(tmp_path):
+    """`synthetic_lazy_mapped`: synthetic_lazy's clients saved as .npy files and read back through
+    memory maps, every other client's rows listed in reverse (index lists, not ranges)."""
+    from rayfed.data import mapped as mapped_files
+
+    @rayfed.register_dataset("synthetic_lazy_mapped", input_shape=(60,), num_classes=10, default_model="logreg",
+                             natural=True, lazy=True, num_samples=lambda data: data.num_clients * 80)
+    def load(data, seed):
+        built = synthetic_lazy._synthetic_lazy(data, seed).materialise()
+        rows = [built.natural_partition.client(k) for k in range(data.num_clients)]
+        rows = Partition.from_lists([r[::-1] if k % 2 else r for k, r in enumerate(rows)])
+        source = mapped_files.save(tmp_path / "arrays", built.train_x, built.train_y, rows)
+        return LazyDataset("synthetic_lazy_mapped", source, built.test_x, built.test_y, 10, (60,))
+    yield
+    DATASETS.remove("synthetic_lazy_mapped")
+
+
+def test_clients_read_from_memory_mapped_files_by_index_lists(tmp_path, materialised, mapped):
+    """The same clients as the eager build, each client's rows in its own order."""
+    config = rayfed.load_config(None, LAZY + ["data.dataset=synthetic_lazy_mapped"])
+    dataset, partition = load_data(config)
+    built, built_partition = load_data(rayfed.load_config(None, LAZY + ["data.dataset=synthetic_lazy_built"]))
+    for client_id in (0, 1, 39):
+        x, y = dataset.source.client(client_id)
+        rows = built_partition.client(client_id)[::-1 if client_id % 2 else 1]
+        assert np.array_equal(x, built.train_x[rows]) and np.array_equal(y, built.train_y[rows])
+    assert np.array_equal(partition.sizes, built_partition.sizes)
+    assert len(pickle.dumps(dataset.source)) < built.train_x.nbytes / 20      # paths and index lists, not rows
+    result = run(tmp_path, LAZY + ["data.dataset=synthetic_lazy_mapped", "engine.backend=local"], "mapped")
+    assert len(result.history) == 4 and result.history[-1]["num_participants"] == 8
 
 
 @pytest.mark.slow

@@ -56,7 +56,7 @@ class SyntheticClients:
         thresholds = size_thresholds(self.max_samples)
         if self.max_samples <= SYNTHETIC_MIN_SAMPLES:
             return np.full(len(client_ids), self.max_samples, dtype=np.int64)
-        draws = uniform(derive_seed(self.seed, Purpose.SYNTHETIC_DATA), 0, np.asarray(client_ids, dtype=np.uint64), 0)
+        draws = uniform(_size_key(self.seed), 0, np.asarray(client_ids, dtype=np.uint64), 0)
         return SYNTHETIC_MIN_SAMPLES + np.searchsorted(thresholds, draws, side="right").astype(np.int64)
 
     def sizes(self) -> np.ndarray:
@@ -67,10 +67,12 @@ class SyntheticClients:
             sizes[first:first + len(ids)] = _train_sizes(self.total_sizes(ids))
         return sizes
 
-    def samples(self, client_id: int) -> tuple[np.ndarray, np.ndarray]:
+    def samples(self, client_id: int, size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """All of the client's samples, train then test: FedProx's per-client maths (see the dataset's
-        docstring) with draws in its order: u_k, B_k, v_k, then W_k, b_k and the samples' noise."""
-        size = int(self.total_sizes(np.array([client_id]))[0])
+        docstring) with draws in its order: u_k, B_k, v_k, then W_k, b_k and the samples' noise.
+        `size`: its total_sizes, when already known."""
+        if size is None:
+            size = int(self.total_sizes(np.array([client_id]))[0])
         rng = numpy_rng(self.seed, Purpose.SYNTHETIC_DATA, CLIENT_STREAM, client_id)
         weight_mean = rng.normal(0, self.alpha)
         feature_mean = rng.normal(rng.normal(0, self.beta), 1, SYNTHETIC_DIMENSION)
@@ -97,13 +99,20 @@ class SyntheticClients:
         return np.sort(rng.choice(self.num_clients, min(count, self.num_clients), replace=False))
 
     def test_set(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        clients = self.test_clients(count)
+        sizes = self.total_sizes(clients)
         xs, ys = [], []
-        for client_id in self.test_clients(count):
-            features, labels = self.samples(int(client_id))
-            train = int(_train_sizes(np.array([len(labels)]))[0])
+        for client_id, size, train in zip(clients.tolist(), sizes.tolist(), _train_sizes(sizes).tolist()):
+            features, labels = self.samples(client_id, size)
             xs.append(features[train:])
             ys.append(labels[train:])
         return np.concatenate(xs), np.concatenate(ys)
+
+
+@functools.lru_cache(maxsize=8)
+def _size_key(seed: int) -> int:
+    """The key of the sizes' counter-based uniforms: the stream (seed, SYNTHETIC_DATA)."""
+    return derive_seed(seed, Purpose.SYNTHETIC_DATA)
 
 
 def _train_sizes(total: np.ndarray) -> np.ndarray:
