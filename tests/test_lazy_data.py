@@ -142,6 +142,11 @@ def test_local_and_ray_are_bitwise_identical_on_synthetic_lazy(tmp_path, ray_clu
     local = run(tmp_path, LAZY + ["engine.backend=local"], "local")
     on_ray = run(tmp_path, LAZY + ["engine.backend=ray", "engine.num_workers=2"], "ray")
     assert_same_run(local, on_ray)
+    # A worker restarted by Ray is attached to the source again and makes its clients as before.
+    killed = run(tmp_path, LAZY + ["engine.backend=ray", "engine.num_workers=2", "engine.fault_injection=['kill:1:2']",
+                                   "train.checkpoint_every=1"], "killed").history
+    assert killed[1]["failed_workers"] == {"1": "died"} and killed[1]["num_lost"] > 0
+    assert [m["num_participants"] for m in killed[2:]] == [8, 8]
 
 
 def test_ten_million_clients_hold_their_sizes_and_nothing_the_size_of_the_data(tmp_path):

@@ -279,7 +279,7 @@ class ClientWorker:
 
     def _client_task(self, round: int, client_id: int, seed: int, rows: ClientRows | None = None) -> ClientTask:
         """The client's task on its samples: `rows` when the round's clients were made together."""
-        train_x, train_y, sample_indices = rows or self.clients.materialise([client_id])[0]
+        train_x, train_y, sample_indices = rows if rows is not None else self.clients.materialise([client_id])[0]
         augment = torch_generator(seed, Purpose.AUGMENT, round, client_id) if self.config.data.augment else None
         return ClientTask(self.model, train_x, train_y, sample_indices, self.config.train.batch_size,
                           torch_generator(seed, Purpose.BATCHES, round, client_id), augment)
