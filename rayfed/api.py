@@ -9,6 +9,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
 from torch import Tensor
 
 from rayfed.algorithms.local_training import LocalSchedule
@@ -18,6 +19,7 @@ from rayfed.callbacks.target import REACHED_TARGET
 from rayfed.checkpoint import CHECKPOINT, Checkpoint, check_belongs_to, lines_before, read_checkpoint
 from rayfed.config import Config, check_path, load_config, resolve
 from rayfed.data import Dataset, Partition, class_histogram, load_dataset, make_partition, write_histogram_csv
+from rayfed.data.lazy import SIZES_CSV_MAX_CLIENTS, ClientSizes, LazyDataset, client_sizes, is_lazy, write_sizes_csv
 from rayfed.engine import make_engine
 from rayfed.engine.process_memory import peak_rss, total_peak_rss
 from rayfed.engine.lost import ServerLost, WorkerLost
@@ -83,10 +85,13 @@ def _callbacks(config: Config, given: list[Callback]) -> list[Callback]:
     return [*build_configured(config.logging.callbacks), *given]
 
 
-def load_data(config: Config) -> tuple[Dataset, Partition]:
-    """The run's dataset and its split among the clients, as `config` and its seed define them."""
+def load_data(config: Config) -> tuple[Dataset | LazyDataset, Partition | ClientSizes]:
+    """The run's dataset and its split among the clients, as `config` and its seed define them; for
+    an on-demand dataset (rayfed.data.lazy), its source and the clients' sizes alone."""
     data = config.data
     dataset = load_dataset(data.dataset, seed=config.seed, **data.model_dump(exclude={"dataset"}))
+    if is_lazy(dataset):
+        return dataset, client_sizes(dataset, data.num_clients)
     partition = make_partition(data.partition, dataset.train_y, dataset.num_classes, data.num_clients,
                                config.seed, alpha=data.alpha, shards_per_client=data.shards_per_client,
                                natural=dataset.natural_partition, dataset=data.dataset)
@@ -109,8 +114,11 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
             run_dir, created = _create_run_dir(run_dir, config)
             new_files = True
             (run_dir / "config.yaml").write_text(config.to_yaml())
-            write_histogram_csv(run_dir / "partition.csv",
-                                class_histogram(partition, dataset.train_y, dataset.num_classes))
+            if not is_lazy(dataset):
+                write_histogram_csv(run_dir / "partition.csv",
+                                    class_histogram(partition, dataset.train_y, dataset.num_classes))
+            elif partition.num_clients <= SIZES_CSV_MAX_CLIENTS:
+                write_sizes_csv(run_dir / "partition.csv", partition.sizes)
         metrics_file, callbacks = run_callbacks(config, run_dir, progress, users)
         supervisor = Supervisor(engine, config, run_dir, ModelShape(dataset.input_shape, dataset.num_classes),
                                 metrics_file, callbacks, resumed_from=None if checkpoint is None else len(lines))
@@ -214,7 +222,7 @@ def _without_unsupported_vectorize(config: Config, dataset, partition: Partition
     algorithm = build_algorithm(config.algorithm, context)
     schedule = LocalSchedule.from_config(config.train)
     # Step counts scale alike in every round, so round 0's tell whether they ever differ.
-    steps_differ = len({schedule.steps(0, int(size)) for size in partition.sizes}) > 1
+    steps_differ = len({schedule.steps(0, int(size)) for size in np.unique(partition.sizes)}) > 1
     reason = vectorize_blocker(config.algorithm.name, algorithm, model, steps_differ,
                                compressed=config.compression.name != "identity")
     if reason is None:

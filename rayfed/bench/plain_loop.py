@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from rayfed.config import Config
 from rayfed.data import Dataset, Partition
+from rayfed.engine.client_data import client_data, worker_data
 from rayfed.models import build_model
 from rayfed.seeding import Purpose, derive_seed, numpy_rng, torch_generator
 
@@ -22,9 +23,10 @@ class PlainFedAvg:
     def __init__(self, config: Config, dataset: Dataset, partition: Partition):
         torch.set_num_threads(max(1, int(config.engine.worker_cpus)))
         self.config = config
-        self.partition = partition
-        self.train_x = torch.from_numpy(dataset.train_x)
-        self.train_y = torch.from_numpy(dataset.train_y)
+        # Each client's rows of the shared arrays, or made when it trains (an on-demand dataset), as
+        # rayfed's workers do.
+        self.clients = client_data(*worker_data(dataset, partition), torch.device("cpu"))
+        self.sizes = partition.sizes
         self.test_x = torch.from_numpy(dataset.test_x)
         self.test_y = torch.from_numpy(dataset.test_y)
         torch.manual_seed(derive_seed(config.seed, Purpose.MODEL_INIT))
@@ -43,13 +45,13 @@ class PlainFedAvg:
         clients = np.sort(rng.choice(config.data.num_clients, config.train.clients_per_round, replace=False))
         update_sums = [torch.zeros_like(p) for p in self.global_params]
         buffer_sums = [torch.zeros_like(b) for b in self.global_buffers]
-        total_samples = sum(len(self.partition.client(int(client_id))) for client_id in clients)
+        total_samples = sum(int(self.sizes[client_id]) for client_id in clients)
         for client_id in clients:
             self._train_client(round, int(client_id))
             with torch.no_grad():
                 for total, start, local in zip(update_sums, self.global_params, self.model.parameters()):
                     total.add_(start - local)
-                weight = len(self.partition.client(int(client_id))) / total_samples
+                weight = int(self.sizes[client_id]) / total_samples
                 for total, local in zip(buffer_sums, self._float_buffers()):
                     total.add_(local, alpha=weight)
         with torch.no_grad():
@@ -66,7 +68,7 @@ class PlainFedAvg:
         if self.has_dropout:
             # The CPU generator alone: torch.manual_seed also queues seeding of every accelerator backend.
             torch.default_generator.manual_seed(derive_seed(self.config.seed, Purpose.DROPOUT, round, client_id))
-        samples = torch.from_numpy(self.partition.client(client_id))
+        train_x, train_y, samples = self.clients.materialise([client_id])[0]
         generator = torch_generator(self.config.seed, Purpose.BATCHES, round, client_id)
         batch_size = min(self.config.train.batch_size, len(samples))
         order, position = None, len(samples)
@@ -77,7 +79,7 @@ class PlainFedAvg:
             rows = samples[order[position:position + batch_size]]
             position += len(rows)
             self.model.zero_grad()
-            F.cross_entropy(self.model(self.train_x[rows]), self.train_y[rows]).backward()
+            F.cross_entropy(self.model(train_x[rows]), train_y[rows]).backward()
             with torch.no_grad():
                 for p in self.model.parameters():
                     p.sub_(p.grad, alpha=self.config.algorithm.lr_local)

@@ -7,7 +7,7 @@ from rayfed.config import Config, load_config
 from rayfed.errors import ConfigError
 
 # Synthetic clients of 50-64 samples: 100k of them fit in memory, and every client still fills
-# a batch of 32, so `tiny` and `huge_n` do the same work per round.
+# a batch of 32, so `tiny`, `huge_n` and `million` do the same work per round.
 _TINY = ["data.dataset=synthetic", "data.synthetic_max_samples=64", "model.name=logreg",
          "train.clients_per_round=100", "train.local_steps=5", "train.batch_size=32"]
 
@@ -16,11 +16,13 @@ WORKLOADS = {
     "lenet": ["data.dataset=cifar10_random", "data.partition=iid", "data.num_clients=100", "model.name=lenet5",
               "train.clients_per_round=10", "train.local_steps=5", "train.batch_size=64"],
     "huge_n": ["data.num_clients=100000", *_TINY],
+    "million": [*_TINY, "data.dataset=synthetic_lazy", "data.num_clients=1000000"],
 }
 DESCRIPTIONS = {
     "tiny": "Synthetic, logreg, N=1000, S=100, 5 steps of batch 32 (overhead-bound)",
     "lenet": "LeNet-5 on CIFAR-10-shaped random tensors, N=100, S=10, 5 steps of batch 64 (compute-bound)",
     "huge_n": "as tiny with N=100000 (cost should follow S, not N)",
+    "million": "as tiny with N=1000000 clients made on demand (synthetic_lazy): memory and start-up should follow S",
 }
 
 

@@ -4,7 +4,8 @@ A dataset module registers a loader `(data, seed) -> Dataset` with `register_dat
 beside it what the config needs to know before loading anything: its input shape and classes, how
 many samples it holds (for the memory check), the model its papers use (model.name=auto), whether
 its clients are defined by the data itself (data.partition=natural), which partitions apply, and
-which files it reads from data.root."""
+which files it reads from data.root. A loader may return a LazyDataset instead (rayfed.data.lazy),
+whose clients are made on demand: it registers with `lazy=True`."""
 from __future__ import annotations
 
 import pathlib
@@ -37,7 +38,8 @@ def register_dataset(name: str, *, input_shape: tuple[int, ...], num_classes: in
                      natural: bool = False, partitions: tuple[str, ...] | None = None,
                      required_files: Callable[[str], list[pathlib.Path]] | None = None,
                      missing_files: Callable[[str], list[pathlib.Path]] | None = None,
-                     normalizable: bool = False):
+                     normalizable: bool = False, lazy: bool = False,
+                     resident_samples: int | Callable[[Any], int] | None = None):
     """Registers a loader `(data, seed) -> Dataset` under `name` (rayfed.register_dataset); `data` is
     the config's data section. Declared with it:
 
@@ -48,10 +50,19 @@ def register_dataset(name: str, *, input_shape: tuple[int, ...], num_classes: in
     - `partitions`: the data.partition values that apply (None: every registered one);
     - `required_files(root)` and `missing_files(root)`: the files it reads under data.root and
       those absent (checked before anything starts, unless data.download);
-    - `normalizable`: data.normalize applies (images with channel statistics)."""
+    - `normalizable`: data.normalize applies (images with channel statistics);
+    - `lazy`: the loader returns a rayfed.data.lazy.LazyDataset, whose clients are made when they
+      train (its clients are its own: data.partition=natural only); `resident_samples`, a number or a
+      function of the data section, is what it holds at once (its test set), for the memory check,
+      which otherwise counts all `num_samples`."""
+    if lazy and (not natural or partitions not in (None, ("natural",))):
+        raise ConfigError(f"register_dataset({name!r}, lazy=True): an on-demand dataset defines its own clients; "
+                          "declare natural=True and no partitions other than natural")
     options = dict(input_shape=tuple(input_shape), num_classes=num_classes, default_model=default_model,
-                   num_samples=num_samples, input_dtype=input_dtype, natural=natural, partitions=partitions,
-                   required_files=required_files, missing_files=missing_files, normalizable=normalizable)
+                   num_samples=num_samples, input_dtype=input_dtype, natural=natural,
+                   partitions=("natural",) if lazy else partitions, required_files=required_files,
+                   missing_files=missing_files, normalizable=normalizable, lazy=lazy,
+                   resident_samples=num_samples if resident_samples is None else resident_samples)
 
     def decorate(loader):
         if not callable(loader):
@@ -70,6 +81,12 @@ def sample_count(name: str, data) -> int:
     return num_samples(data) if callable(num_samples) else num_samples
 
 
+def resident_count(name: str, data) -> int:
+    """The samples the dataset holds in memory at once: all of them, unless it makes clients on demand."""
+    resident = dataset_entry(name).resident_samples
+    return resident(data) if callable(resident) else resident
+
+
 def required_files(name: str, root: str) -> list[pathlib.Path]:
     """The files the dataset's reader needs under `root`; [] for generated data."""
     declared = dataset_entry(name).required_files
@@ -83,10 +100,17 @@ def missing_files(name: str, root: str) -> list[pathlib.Path]:
     return declared(root) if declared is not None else []
 
 
-def load_dataset(name: str, *, seed: int = 0, **keys) -> Dataset:
+def load_dataset(name: str, *, seed: int = 0, **keys):
     """The dataset `name` loaded with the data section's defaults and `keys` (root, download,
-    num_clients, partition, ...); what `rayfed.run` does with the config's data section."""
+    num_clients, partition, ...); what `rayfed.run` does with the config's data section. A Dataset,
+    or for a dataset registered with lazy=True a rayfed.data.lazy.LazyDataset."""
     from rayfed.config import DataConfig       # the data section's defaults; config imports this package
-    loader = dataset_entry(name).target
+    from rayfed.data.lazy import LazyDataset   # which imports this module
+    entry = dataset_entry(name)
     data = DataConfig.model_construct(**{**DataConfig().model_dump(), **keys, "dataset": name})
-    return loader(data, seed)
+    loaded = entry.target(data, seed)
+    expected = LazyDataset if entry.lazy else Dataset
+    if not isinstance(loaded, expected):
+        raise ConfigError(f"the loader of data.dataset={name} returned a {type(loaded).__name__}, not the "
+                          f"{expected.__name__} its registration (lazy={entry.lazy}) declares")
+    return loaded

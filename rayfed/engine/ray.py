@@ -1,8 +1,9 @@
 """The ray engine: the Server as one actor and P ClientWorkers as actors.
 
 The dataset and the partition are put in the object store once and read zero-copy by every
-actor on a node. Each round the broadcast is stored once by the server actor and read by
-all workers; uploads go from the worker actors straight to the server actor.
+actor on a node (an on-demand dataset's source instead, a few numbers). Each round the broadcast
+is stored once by the server actor and read by all workers; uploads go from the worker actors
+straight to the server actor.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ray._private import state as ray_state
 
 from rayfed.config import Config
 from rayfed.data import Dataset, Partition
+from rayfed.engine.client_data import worker_data
 from rayfed.engine.lost import ServerLost, WorkerLost
 from rayfed.engine.server import Server, clients_train_data
 from rayfed.engine.worker import ClientWorker
@@ -133,17 +135,20 @@ class RayEngine:
     def _start_actors(self, config: Config, dataset: Dataset, partition: Partition,
                       client_systems: ClientSystems) -> None:
         engine = config.engine
-        # Held for the engine's lifetime: a restarted worker is attached to these same objects.
-        self.train_ref = train_ref = ray.put((dataset.train_x, dataset.train_y))
-        self.partition_ref = partition_ref = ray.put(partition)
+        # The plugins' registrations go to every actor, installed before it builds anything; from
+        # here on their modules pickle by value (a plugin's on-demand source among them).
+        plugins = shippable_plugins()
+        # Held for the engine's lifetime: a restarted worker is attached to these same objects. An
+        # on-demand dataset puts only its source: each worker makes its clients' samples itself.
+        train_data, worker_partition = worker_data(dataset, partition)
+        self.train_ref = train_ref = ray.put(train_data)
+        self.partition_ref = partition_ref = ray.put(worker_partition)
         # The server works while the workers wait for the next round, so it reserves no CPU:
         # otherwise P one-CPU workers could not all be placed on a P-core machine. Ray does not
         # restart it: the engine recreates it from the last checkpoint (recreate_server).
         server_actor = ray.remote(RayServer).options(num_cpus=0, num_gpus=engine.server_gpus, max_restarts=0)
-        # The plugins' registrations go to every actor, installed before it builds anything.
-        plugins = shippable_plugins()
         server_arguments = (plugins, config, (dataset.test_x, dataset.test_y), dataset.input_shape, dataset.num_classes,
-                            client_systems, clients_train_data(config, (dataset.train_x, dataset.train_y), partition))
+                            client_systems, clients_train_data(config, dataset, partition))
         self.new_server = lambda: RemoteHandle(server_actor.remote(*server_arguments))
         worker_actor = ray.remote(RayClientWorker).options(num_cpus=engine.worker_cpus, num_gpus=engine.worker_gpus,
                                                            max_restarts=engine.worker_max_restarts)

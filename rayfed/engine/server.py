@@ -23,11 +23,13 @@ from rayfed.algorithms.base import AlgorithmContext, build_algorithm
 from rayfed.algorithms.local_training import LocalSchedule
 from rayfed.compression.codec import Codec, sent_bytes
 from rayfed.config import Config
+from rayfed.data.lazy import is_lazy
 from rayfed.engine.aggregation import Aggregation
 from rayfed.engine.evaluation import Evaluation, gradient_similarity
 from rayfed.engine.messages import Broadcast, WorkerResult
 from rayfed.engine.process_memory import peak_rss
-from rayfed.engine.worker import as_tensor, device_for, tensors_to, threads_per_process
+from rayfed.engine.client_data import as_tensor
+from rayfed.engine.worker import device_for, tensors_to, threads_per_process
 from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, derive_seed
 from rayfed.selection.sampler import ClientSampler
@@ -278,12 +280,16 @@ def _phases(plan: RoundPlan, worker_results: tuple[WorkerResult, ...], step_star
     }
 
 
-def clients_train_data(config: Config, train_data: tuple[np.ndarray, np.ndarray], partition) -> tuple | None:
+def clients_train_data(config: Config, dataset, partition) -> tuple | None:
     """The union of the clients' training samples when train.eval_train_loss asks for the global training
     loss: its per-sample mean loss is sum_i p_i f_i with p_i = D_i / sum_j D_j (Wang et al., INFOCOM
-    2023, FedMoS's training loss)."""
+    2023, FedMoS's training loss). An on-demand dataset's clients are made for it (config checks
+    bound their number)."""
     if not config.train.eval_train_loss:
         return None
+    if is_lazy(dataset):
+        clients = [dataset.source.client(client) for client in range(partition.num_clients)]
+        return np.concatenate([x for x, _ in clients]), np.concatenate([y for _, y in clients])
     rows = np.concatenate([partition.client(client) for client in range(partition.num_clients)])
-    return train_data[0][rows], train_data[1][rows]
+    return dataset.train_x[rows], dataset.train_y[rows]
 

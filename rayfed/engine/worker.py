@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import os
 import time
-import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -18,7 +17,9 @@ from rayfed.algorithms.base import AlgorithmContext, build_algorithm, check_stat
 from rayfed.compression.codec import Codec
 from rayfed.config import Config
 from rayfed.data.augment import random_crop_flip
+from rayfed.data.lazy import ClientSource
 from rayfed.data.partition import Partition
+from rayfed.engine.client_data import ClientRows, client_data
 from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult, WorkerTiming
 from rayfed.engine.process_memory import peak_rss
 from rayfed.engine.vectorized import FULL_GRADIENT_CHUNK, ClientBatchTask
@@ -54,13 +55,6 @@ def tensors_to(value: Any, device: torch.device) -> Any:
         moved.__dict__.update({key: tensors_to(item, device) for key, item in vars(value).items()})
         return moved
     return value
-
-
-def as_tensor(array: np.ndarray, device: torch.device) -> Tensor:
-    # Arrays from Ray's object store are read-only shared memory; we only ever read them.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.from_numpy(array).to(device)
 
 
 class ClientTask:
@@ -173,14 +167,15 @@ class ClientWorker:
     """Holds the persistent algorithm state of the clients `worker_index, worker_index + num_workers, ...`
     (which always train here) and one resident model; stateless clients may train on any worker."""
 
-    def __init__(self, config: Config, train_data: tuple[np.ndarray, np.ndarray], partition: Partition,
-                 input_shape: tuple[int, ...], num_classes: int, worker_index: int = 0, num_workers: int = 1):
+    def __init__(self, config: Config, train_data: tuple[np.ndarray, np.ndarray] | ClientSource,
+                 partition: Partition | None, input_shape: tuple[int, ...], num_classes: int, worker_index: int = 0,
+                 num_workers: int = 1):
+        """`train_data` and `partition`: the shared training arrays and the split, or an on-demand
+        dataset's source and None (rayfed.engine.client_data.worker_data)."""
         torch.set_num_threads(threads_per_process(config))
         self.config = config
         self.device = device_for(config.engine.worker_gpus)
-        self.train_x = as_tensor(train_data[0], self.device)
-        self.train_y = as_tensor(train_data[1], self.device)
-        self.partition = partition
+        self.clients = client_data(train_data, partition, self.device)
         self.worker_index = worker_index
         self.num_workers = num_workers
         # The server's seed: the resident model starts as x_0, which the algorithm's context holds.
@@ -274,17 +269,19 @@ class ClientWorker:
         """engine.vectorize: one batched local training for all of `client_ids` (stateless
         algorithms on models without BatchNorm or dropout, checked before the run starts).
         The upload's tensors and metrics are stacked in `client_ids` order."""
-        tasks = [self._client_task(round, client_id, seed) for client_id in client_ids]
+        tasks = [self._client_task(round, client_id, seed, rows)
+                 for client_id, rows in zip(client_ids, self.clients.materialise(client_ids))]
         # Every client takes the same number of steps here: vectorize_blocker refuses partitions where they differ.
         task = self._training_task(ClientBatchTask(self.model, tasks), round, tasks[0].num_samples)
         upload = self.algorithm.client_train(task, tensors, None)[0]
         upload.metrics["local_steps"] = torch.full((len(tasks),), task.steps)
         return upload
 
-    def _client_task(self, round: int, client_id: int, seed: int) -> ClientTask:
+    def _client_task(self, round: int, client_id: int, seed: int, rows: ClientRows | None = None) -> ClientTask:
+        """The client's task on its samples: `rows` when the round's clients were made together."""
+        train_x, train_y, sample_indices = rows if rows is not None else self.clients.materialise([client_id])[0]
         augment = torch_generator(seed, Purpose.AUGMENT, round, client_id) if self.config.data.augment else None
-        return ClientTask(self.model, self.train_x, self.train_y,
-                          as_tensor(self.partition.client(client_id), self.device), self.config.train.batch_size,
+        return ClientTask(self.model, train_x, train_y, sample_indices, self.config.train.batch_size,
                           torch_generator(seed, Purpose.BATCHES, round, client_id), augment)
 
     def _training_task(self, task, round: int, num_samples: int) -> TrainingTask:

@@ -10,6 +10,7 @@ from rayfed.registry import SELECTORS
 from rayfed.seeding import Purpose, numpy_rng
 from rayfed.selection.clusters import ClientOrder, cluster_order
 from rayfed.selection.selectors import Selection, select
+from rayfed.systems.availability import AllClients
 
 
 class ClientSampler:
@@ -23,14 +24,15 @@ class ClientSampler:
     def choose(self, round: int, candidates: np.ndarray, wanted: int) -> Selection:
         rng = numpy_rng(self.seed, Purpose.SAMPLE_CLIENTS, round)
         order = self.client_order.order if self.client_order is not None else None
-        return select(self.section.selector, candidates, self.client_sizes[candidates], wanted, rng,
-                      self.section.ucs_variant, order)
+        counts = self.client_sizes if isinstance(candidates, AllClients) else self.client_sizes[candidates]
+        return select(self.section.selector, candidates, counts, wanted, rng, self.section.ucs_variant, order)
 
     def importances(self, clients: list[int]) -> dict[int, float]:
         """p_i = D_i / sum_j D_j over all clients, of `clients`: what MIFA weights its clients' latest
         updates by under a selector that weights the clients."""
         sizes = self.client_sizes
-        return {client: float(sizes[client] / sizes.sum()) for client in clients}
+        total = sizes.sum()
+        return {client: float(sizes[client] / total) for client in clients}
 
     def needs_warmup(self) -> bool:
         return SELECTORS.get(self.section.selector).warmup and self.client_order is None

@@ -63,9 +63,12 @@ def register_selector(name: str, *, warmup: bool = False, unit_weight_sum: bool 
 
 def select(selector: str, candidates: np.ndarray, counts: np.ndarray, size: int, rng: np.random.Generator,
            ucs_variant: str = "paper", order: np.ndarray | None = None) -> Selection:
-    """The round's selection by the registered `selector` (see SelectionRequest)."""
-    return SELECTORS.get(selector).target(SelectionRequest(np.asarray(candidates), counts, size, rng, ucs_variant,
-                                                           order))
+    """The round's selection by the registered `selector` (see SelectionRequest). rayfed's own
+    selectors take the candidates as given (AllClients when everyone is online: they only index it);
+    a plugin's get the array of ids its API promises."""
+    entry = SELECTORS.get(selector)
+    return entry.target(SelectionRequest(candidates if entry.builtin else np.asarray(candidates), counts, size, rng,
+                                         ucs_variant, order))
 
 
 @register_selector("uniform")
@@ -102,7 +105,7 @@ def _cacs(request: SelectionRequest) -> Selection:
     order = request.order
     rank = np.empty(len(order), dtype=np.int64)
     rank[order] = np.arange(len(order))
-    positions = np.argsort(rank[request.candidates], kind="stable")
+    positions = np.argsort(rank[np.asarray(request.candidates)], kind="stable")
     return _counted(request, _draw_columns(acs_table(request.counts, request.size, positions), request.rng))
 
 

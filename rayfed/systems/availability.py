@@ -31,6 +31,36 @@ class Availability(Protocol):
         """bool (num_clients,): True for the clients online at round `round`, virtual time `time_s`."""
 
 
+class AllClients:
+    """Clients 0 .. count - 1, the candidates of a round where everyone is online, without the array
+    of their ids (80 MB at N = 10^7, each round): it has a length, gives the ids at positions, and
+    becomes that array only for code that asks numpy for one."""
+
+    def __init__(self, count: int):
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, positions) -> np.ndarray:
+        return np.arange(self.count, dtype=np.int64)[positions] if isinstance(positions, slice) else (
+            _positions(np.asarray(positions), self.count))
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.arange(self.count, dtype=dtype or np.int64)
+
+
+def _positions(positions: np.ndarray, count: int) -> np.ndarray:
+    """What np.arange(count)[positions] is, for integer or boolean positions."""
+    if positions.dtype == bool:
+        if positions.shape != (count,):
+            raise IndexError(f"a boolean index of shape {positions.shape} for {count} clients")
+        return np.flatnonzero(positions)
+    if positions.size and not (-count <= positions.min() and positions.max() < count):
+        raise IndexError(f"client positions outside 0 .. {count - 1}")
+    return np.where(positions < 0, positions + count, positions).astype(np.int64)
+
+
 class AlwaysOnline:
     def __init__(self, num_clients: int):
         self.num_clients = num_clients

@@ -10,6 +10,7 @@ import numpy as np
 
 from rayfed.algorithms.base import Upload
 from rayfed.systems.async_buffer import AsyncBuffer
+from rayfed.systems.availability import AllClients, AlwaysOnline
 from rayfed.systems.clients import ClientSystems
 from rayfed.systems.policy import RoundPlan, plan_round
 
@@ -36,8 +37,12 @@ class SystemsClock:
 
     def candidates(self, round: int) -> tuple[np.ndarray, int]:
         """(the clients that can be sampled now, how many to sample): the online ones, S of them
-        (more with overcommit; under async_buffered the free slots, among clients not in flight)."""
-        online = np.flatnonzero(self.availability.online(round, self.virtual_time_s))
+        (more with overcommit; under async_buffered the free slots, among clients not in flight).
+        When everyone is online, AllClients rather than an array of N ids."""
+        if isinstance(self.availability, AlwaysOnline) and self.async_buffer is None:
+            online = AllClients(self.availability.num_clients)
+        else:
+            online = np.flatnonzero(self.availability.online(round, self.virtual_time_s))
         wanted = self.clients_per_round
         if self.policy == "overcommit":
             wanted = math.ceil(wanted * (1 + self.overcommit))

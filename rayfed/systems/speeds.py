@@ -14,15 +14,22 @@ SPEED_TRACE_HEADER = "client_id,step_time_s,upload_bps,download_bps"
 
 @dataclass(frozen=True)
 class ClientSpeeds:
-    step_time_s: np.ndarray      # seconds per local step, one per client
-    upload_bps: np.ndarray       # bytes per second
-    download_bps: np.ndarray
+    """One value per client, or one number for all when a quantity has no spread: at N = 10^7 the
+    three arrays would take 240 MB (and as much again to ship to the server)."""
+
+    step_time_s: np.ndarray | float      # seconds per local step
+    upload_bps: np.ndarray | float       # bytes per second
+    download_bps: np.ndarray | float
 
     def round_durations(self, clients: np.ndarray, local_steps: np.ndarray, down_bytes: int,
                         up_bytes: int) -> np.ndarray:
         """Download, then the local steps (one count per client), then upload: virtual seconds for each of `clients`."""
-        return (down_bytes / self.download_bps[clients] + local_steps * self.step_time_s[clients]
-                + up_bytes / self.upload_bps[clients])
+        return (down_bytes / _of(self.download_bps, clients) + local_steps * _of(self.step_time_s, clients)
+                + up_bytes / _of(self.upload_bps, clients))
+
+
+def _of(values: np.ndarray | float, clients: np.ndarray) -> np.ndarray:
+    return values[clients] if isinstance(values, np.ndarray) else np.full(len(clients), values)
 
 
 def make_speeds(num_clients: int, seed: int, *, step_time_s: float, step_time_spread: float,
@@ -31,15 +38,19 @@ def make_speeds(num_clients: int, seed: int, *, step_time_s: float, step_time_sp
     """Log-normal speeds with the given medians: value * exp(spread * N(0, 1)), drawn once per client
     (spread 0: identical clients), overridden for the clients a speed trace lists. Device speeds in
     FL traces are heavy-tailed; a log-normal is the usual one-parameter stand-in."""
-    rng = numpy_rng(seed, Purpose.CLIENT_SPEEDS)
-    normal = rng.standard_normal((3, num_clients))
-    speeds = np.stack([step_time_s * np.exp(step_time_spread * normal[0]),
-                       upload_bps * np.exp(bandwidth_spread * normal[1]),
-                       download_bps * np.exp(bandwidth_spread * normal[2])])
+    medians, spreads = (step_time_s, upload_bps, download_bps), (step_time_spread, bandwidth_spread, bandwidth_spread)
+    # Row i of the (3, N) standard normals the stream gives, drawn only up to the last row with a spread:
+    # a row without one is exactly its median (exp(0 * z) = 1), so it stays one number.
+    drawn = max((row + 1 for row, spread in enumerate(spreads) if spread), default=0)
+    normal = numpy_rng(seed, Purpose.CLIENT_SPEEDS).standard_normal((drawn, num_clients))
+    rows = [median * np.exp(spread * normal[row]) if spread else float(median)
+            for row, (median, spread) in enumerate(zip(medians, spreads))]
     if speed_trace is not None:
+        rows = [np.full(num_clients, row) if not isinstance(row, np.ndarray) else row for row in rows]
         for client_id, measured in read_speed_trace(speed_trace, num_clients).items():
-            speeds[:, client_id] = measured
-    return ClientSpeeds(step_time_s=speeds[0], upload_bps=speeds[1], download_bps=speeds[2])
+            for row, value in zip(rows, measured):
+                row[client_id] = value
+    return ClientSpeeds(step_time_s=rows[0], upload_bps=rows[1], download_bps=rows[2])
 
 
 def read_speed_trace(path: str, num_clients: int) -> dict[int, tuple[float, float, float]]:

@@ -1,0 +1,70 @@
+"""A worker's access to its clients' training samples: rows of the shared training arrays (an
+eager dataset, as the engine shipped it), or made on demand from an on-demand dataset's source
+(rayfed.data.lazy) when a client trains, and dropped with the round."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rayfed.data.lazy import ClientSource, is_lazy
+
+# One client's data for one round: inputs and labels it indexes, and its rows in them.
+ClientRows = tuple[Tensor, Tensor, Tensor]
+
+
+def as_tensor(array: np.ndarray, device: torch.device) -> Tensor:
+    # Arrays from Ray's object store are read-only shared memory; we only ever read them.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array).to(device)
+
+
+def worker_data(dataset, partition) -> tuple:
+    """What the engine hands each worker: the training arrays and the partition, or an on-demand
+    dataset's source alone (a few numbers; its sizes stay with the server)."""
+    if is_lazy(dataset):
+        return dataset.source, None
+    return (dataset.train_x, dataset.train_y), partition
+
+
+class SharedArrays:
+    """An eager dataset: every client is rows of the same arrays, which stay resident."""
+
+    def __init__(self, train_data: tuple[np.ndarray, np.ndarray], partition, device: torch.device):
+        self.train_x = as_tensor(train_data[0], device)
+        self.train_y = as_tensor(train_data[1], device)
+        self.partition = partition
+        self.device = device
+
+    def materialise(self, client_ids: list[int]) -> list[ClientRows]:
+        return [(self.train_x, self.train_y, as_tensor(self.partition.client(client_id), self.device))
+                for client_id in client_ids]
+
+
+class OnDemand:
+    """An on-demand dataset: the clients asked for are made from the source, into arrays of their
+    own that live as long as the round's tasks."""
+
+    def __init__(self, source: ClientSource, device: torch.device):
+        self.source = source
+        self.device = device
+
+    def materialise(self, client_ids: list[int]) -> list[ClientRows]:
+        """The clients' samples in one pair of arrays (a batched round indexes them together)."""
+        made = [self.source.client(client_id) for client_id in client_ids]
+        sizes = [len(y) for _, y in made]
+        train_x = as_tensor(np.concatenate([x for x, _ in made]), self.device)
+        train_y = as_tensor(np.concatenate([y for _, y in made]), self.device)
+        starts = np.cumsum([0, *sizes[:-1]])
+        return [(train_x, train_y, torch.arange(start, start + size, device=self.device))
+                for start, size in zip(starts.tolist(), sizes)]
+
+
+def client_data(train_data, partition, device: torch.device) -> SharedArrays | OnDemand:
+    """The worker's clients, from what worker_data gave it."""
+    if isinstance(train_data, tuple):
+        return SharedArrays(train_data, partition, device)
+    return OnDemand(train_data, device)
