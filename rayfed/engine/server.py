@@ -27,7 +27,8 @@ from rayfed.engine.aggregation import Aggregation
 from rayfed.engine.evaluation import Evaluation, gradient_similarity
 from rayfed.engine.messages import Broadcast, WorkerResult
 from rayfed.engine.process_memory import peak_rss
-from rayfed.engine.worker import as_tensor, device_for, tensors_to, threads_per_process
+from rayfed.engine.state_store import tensors_to
+from rayfed.engine.worker import as_tensor, device_for, threads_per_process
 from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, derive_seed
 from rayfed.selection.sampler import ClientSampler
