@@ -16,18 +16,21 @@ from rayfed.algorithms.local_training import LocalSchedule
 from rayfed.algorithms.base import AlgorithmContext, build_algorithm
 from rayfed.callbacks import Callback, ModelShape, build_configured, run_callbacks
 from rayfed.callbacks.target import REACHED_TARGET
-from rayfed.checkpoint import CHECKPOINT, Checkpoint, check_belongs_to, lines_before, read_checkpoint
+from rayfed.checkpoint import (CHECKPOINT, Checkpoint, check_belongs_to, check_state_shards, lines_before,
+                               read_checkpoint)
 from rayfed.config import Config, check_path, load_config, resolve
 from rayfed.data import Dataset, Partition, class_histogram, load_dataset, make_partition, write_histogram_csv
 from rayfed.data.lazy import SIZES_CSV_MAX_CLIENTS, ClientSizes, LazyDataset, client_sizes, is_lazy, write_sizes_csv
 from rayfed.engine import make_engine
 from rayfed.engine.process_memory import peak_rss, total_peak_rss
+from rayfed.engine.state_store import SpillFailed, StateStorage
 from rayfed.engine.lost import ServerLost, WorkerLost
 from rayfed.engine.supervisor import Supervisor, WorkersGone
 from rayfed.engine.vectorized import vectorize_blocker
 from rayfed.errors import ConfigError, RunFinished, RunStopped
 from rayfed.metrics import METRICS, SUMMARY, read_summary, run_status, summarize
 from rayfed.models import FlatModel, build_model
+from rayfed.resources import plan_client_states
 from rayfed.systems.clients import make_client_systems
 
 
@@ -73,6 +76,7 @@ def resume(run_dir: str | Path, progress: bool = True, callbacks: list[Callback]
     checkpoint = read_checkpoint(run_dir)
     check_belongs_to(run_dir, checkpoint, config)
     lines = lines_before(run_dir, checkpoint)
+    check_state_shards(run_dir, checkpoint)
     return _execute(config, run_dir, progress, started, _callbacks(config, callbacks), checkpoint=checkpoint,
                     lines=lines)
 
@@ -100,18 +104,22 @@ def load_data(config: Config) -> tuple[Dataset | LazyDataset, Partition | Client
 
 def _execute(config: Config, run_dir: Path | None, progress: bool, started: float, users: list[Callback],
              checkpoint: Checkpoint | None = None, lines: list[bytes] = ()) -> Result:
+    if run_dir is None:
+        run_dir = _fresh_run_dir(config)
+    # Before any work: where the client states go, and room for them.
+    storage = StateStorage(plan_client_states(config, run_dir))
     client_systems = make_client_systems(config)
     data_started = time.perf_counter()
     dataset, partition = load_data(config)
     client_systems = dataclasses.replace(client_systems, client_sizes=partition.sizes)
     data_time_s = time.perf_counter() - data_started
     config = _without_unsupported_vectorize(config, dataset, partition)
-    engine = make_engine(config, dataset, partition, client_systems)
+    engine = make_engine(config, dataset, partition, client_systems, storage)
     created, new_files = None, False
     supervisor = None
     try:
         if checkpoint is None:
-            run_dir, created = _create_run_dir(run_dir, config)
+            run_dir, created = _create_run_dir(run_dir)
             new_files = True
             (run_dir / "config.yaml").write_text(config.to_yaml())
             if not is_lazy(dataset):
@@ -139,6 +147,7 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
         if supervisor is not None:
             supervisor.close()
         engine.shutdown()
+        storage.remove_files(config.engine.num_workers)
     return Result(supervisor.history, summary, run_dir, final["params"], final["buffers"])
 
 
@@ -177,6 +186,9 @@ def _resume_supervisor(supervisor: Supervisor, checkpoint: Checkpoint, lines: li
     except (WorkerLost, ServerLost, WorkersGone) as lost:
         raise RunStopped(f"an actor died while the run was being resumed ({type(lost).__name__}); nothing in the "
                          f"run directory was changed; run the command again", "resume_failed") from None
+    except SpillFailed as failed:
+        raise RunStopped(f"{failed}; nothing in the run directory was changed; run the command again once the disk "
+                         f"has room", "resume_failed") from None
 
 
 def _account_for_stop(error: BaseException, supervisor: Supervisor | None, new_files: bool, run_dir: Path | None,
@@ -243,14 +255,18 @@ def _check_out(run_dir: Path) -> Path:
     return run_dir
 
 
-def _create_run_dir(run_dir: Path | None, config: Config) -> tuple[Path, Path | None]:
+def _fresh_run_dir(config: Config) -> Path:
+    """A name for a new run directory under ./runs that no directory has yet."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path("runs") / f"{stamp}-{config.algorithm.name}-{config.data.dataset}-seed{config.seed}"
+    run_dir, suffix = base, 1
+    while run_dir.exists():
+        run_dir, suffix = Path(f"{base}-{suffix}"), suffix + 1
+    return run_dir
+
+
+def _create_run_dir(run_dir: Path) -> tuple[Path, Path | None]:
     """The run directory, made; and the topmost directory made for it (None when it existed)."""
-    if run_dir is None:
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        base = Path("runs") / f"{stamp}-{config.algorithm.name}-{config.data.dataset}-seed{config.seed}"
-        run_dir, suffix = base, 1
-        while run_dir.exists():
-            run_dir, suffix = Path(f"{base}-{suffix}"), suffix + 1
     created = next((path for path in reversed((run_dir, *run_dir.parents)) if not path.exists()), None)
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir, created

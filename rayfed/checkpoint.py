@@ -9,6 +9,11 @@ algorithm and model, the SHA-256 of the resolved config and of metrics.jsonl's l
 round, and a SHA-256 over header and body), then the body. torch reads the body with
 weights_only=True: tensors, plain containers and the state classes listed below are built, and no
 code from the file ever runs.
+
+Client states spilled to disk (rayfed.engine.state_store) are not in the body: each worker copies
+its shard's rows into checkpoint.d/round-R/ beside checkpoint.pt, and the body holds the shard's
+manifest (row layout, row index, the file's SHA-256). The copies of older checkpoints are removed
+once a newer checkpoint.pt is in place.
 """
 from __future__ import annotations
 
@@ -16,8 +21,9 @@ import hashlib
 import io
 import json
 import os
-from dataclasses import dataclass
-from pathlib import Path
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
@@ -25,6 +31,7 @@ import torch
 from rayfed.algorithms.base import Upload
 from rayfed.config import Config
 from rayfed.engine.messages import ClientResult
+from rayfed.engine.state_store import CHECKPOINT_DIR, damaged_shard
 from rayfed.errors import ConfigError
 from rayfed.metrics import METRICS
 from rayfed.registry import ALGORITHMS
@@ -48,6 +55,13 @@ class Checkpoint:
     metrics_sha256: str         # of metrics.jsonl's first `rounds_completed` lines
     server: dict                # Server.snapshot()
     client_states: dict[int, Any]
+    # Spilled client states: one manifest per worker shard, whose rows are in the file it names
+    # (relative to the run directory).
+    state_shards: list[dict] = field(default_factory=list)
+
+
+SHARD_FIELDS = {"worker": int, "workers": int, "file": str, "sha256": str, "rows": int, "layout": (dict, type(None)),
+                "clients": torch.Tensor, "nones": torch.Tensor}
 
 
 def config_sha256(run_dir: Path) -> str:
@@ -58,7 +72,10 @@ def config_sha256(run_dir: Path) -> str:
 
 def write_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> None:
     body = io.BytesIO()
-    torch.save({"server": checkpoint.server, "client_states": checkpoint.client_states}, body)
+    payload = {"server": checkpoint.server, "client_states": checkpoint.client_states}
+    if checkpoint.state_shards:
+        payload["state_shards"] = checkpoint.state_shards
+    torch.save(payload, body)
     header = {name: getattr(checkpoint, name) for name in HEADER_FIELDS}
     header["sha256"] = _digest(header, body.getvalue())
     temporary = run_dir / (CHECKPOINT + ".tmp")
@@ -72,6 +89,33 @@ def write_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> None:
         os.fsync(directory)                          # the rename itself survives a power cut
     finally:
         os.close(directory)
+    kept = {PurePosixPath(shard["file"]).parts[1] for shard in checkpoint.state_shards}
+    for older in (run_dir / CHECKPOINT_DIR).glob("*"):
+        if older.name not in kept:
+            shutil.rmtree(older, ignore_errors=True)
+
+
+def shard_directory(run_dir: Path, rounds_completed: int) -> Path:
+    """A directory for the spilled shards of the checkpoint after `rounds_completed` rounds, not the
+    one that checkpoint.pt refers to now (which must stay intact until the new one replaces it)."""
+    name, again = f"round-{rounds_completed}", 1
+    while (run_dir / CHECKPOINT_DIR / name).exists():
+        name, again = f"round-{rounds_completed}-{again}", again + 1
+    return run_dir / CHECKPOINT_DIR / name
+
+
+def check_state_shards(run_dir: Path, checkpoint: Checkpoint) -> None:
+    """Every spilled shard the checkpoint names is there with the bytes it was written with."""
+    for shard in checkpoint.state_shards:
+        path = run_dir / shard["file"]
+        if not path.is_file():
+            raise ConfigError(f"{path} is missing; it holds spilled client states that {CHECKPOINT} continues from")
+        digest = hashlib.sha256()
+        with open(path, "rb") as file:
+            while block := file.read(2**24):
+                digest.update(block)
+        if digest.hexdigest() != shard["sha256"]:
+            raise ConfigError(damaged_shard(path))
 
 
 def has_checkpoint(run_dir: Path) -> bool:
@@ -102,10 +146,21 @@ def read_checkpoint(run_dir: Path) -> Checkpoint:
     except Exception as error:  # torch raises many types for a bad body; all mean the same to the user
         raise ConfigError(f"{path} is damaged: its body cannot be read ({type(error).__name__})") from None
     client_states = payload.get("client_states") if isinstance(payload, dict) else None
+    shards = payload.get("state_shards", []) if isinstance(payload, dict) else None
     if not isinstance(client_states, dict) or not isinstance(payload.get("server"), dict) \
-            or not all(isinstance(client, int) and client >= 0 for client in client_states):
+            or not all(isinstance(client, int) and client >= 0 for client in client_states) \
+            or not isinstance(shards, list) or not all(map(_is_shard, shards)):
         raise ConfigError(f"{path} is damaged: its body is not a server snapshot and client states")
-    return Checkpoint(server=payload["server"], client_states=client_states, **header)
+    return Checkpoint(server=payload["server"], client_states=client_states, state_shards=shards, **header)
+
+
+def _is_shard(shard: Any) -> bool:
+    """A manifest of a spilled shard whose file lies in the run directory's checkpoint.d."""
+    if not isinstance(shard, dict) or set(shard) != set(SHARD_FIELDS) \
+            or not all(isinstance(shard[name], kind) for name, kind in SHARD_FIELDS.items()):
+        return False
+    parts = PurePosixPath(shard["file"]).parts
+    return len(parts) == 3 and parts[0] == CHECKPOINT_DIR and ".." not in parts
 
 
 def _parse_header(path: Path, line: bytes) -> dict:

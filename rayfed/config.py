@@ -71,6 +71,7 @@ MAX_OVERCOMMIT = 100.0
 # ...and wall-clock waits, which Python's timers take up to about 9e9 seconds.
 MAX_ROUND_TIMEOUT_S = 1e6
 MAX_CONNECT_TIMEOUT_S = 3600.0
+MAX_STATE_MEMORY_MB = 1e12
 # File names and paths as Linux limits them (NAME_MAX, PATH_MAX).
 MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 4096
@@ -364,6 +365,14 @@ class EngineConfig(_Section):
     `kill_server:ROUND[:WHEN]` ends the server's (ROUND 1-based; see What survives what)."""
     vectorize: Flag = False
     """A worker trains its sampled clients of a round as one batched computation (`torch.func.vmap`): see Performance."""
+    state_memory_mb: Optional[number(ge=0.0, le=MAX_STATE_MEMORY_MB)] = None
+    """Memory for the clients' persistent states (SCAFFOLD's control variates, MIFA's latest updates, ...), in MB of
+    10^6 bytes: when N x the algorithm's floats per client x 4 bytes exceeds it, each worker keeps its clients' states
+    in one file under `engine.state_dir` instead, with the same bits; unset: what the machine's memory leaves after
+    the rest of the run. Checked before round 1, with the free disk (see Large N)."""
+    state_dir: Optional[_Path] = None
+    """Where spilled client states live, one file per worker (default: `client_states/` in the run directory); a local
+    disk with room for all N clients' states, and twice that in the run directory's disk for checkpoints."""
 
 
 class SelectionConfig(_Section):

@@ -1,11 +1,16 @@
 """What a run will need, known from its config alone, checked before anything starts: a model that
-takes the dataset's inputs, memory this machine has, and an availability model that can keep up
-with the virtual clock. A run that would crash or be killed hours in stops here with one line."""
+takes the dataset's inputs, memory this machine has, room for client states (in memory within
+engine.state_memory_mb, else on the disk of engine.state_dir), and an availability model that can
+keep up with the virtual clock. A run that would crash or be killed hours in stops here with one line."""
 from __future__ import annotations
 
 import functools
 import math
 import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import torch
 
 from rayfed.algorithms.local_training import LocalSchedule
@@ -22,6 +27,8 @@ LABEL_BYTES = 8
 # Vectors of d floats each process keeps besides the algorithm's state: the model, its gradient,
 # the broadcast and an update in flight.
 MODEL_COPIES_PER_PROCESS = 4
+# Where spilled client states go when engine.state_dir is unset, in the run directory.
+DEFAULT_STATE_DIR = "client_states"
 # MarkovOnline walks each client's on/off periods up to the current virtual time: a round that
 # spans this many of them costs about as much as the round's training, and far more never ends.
 MAX_MARKOV_PERIODS_PER_ROUND = 1000
@@ -134,12 +141,88 @@ def estimate_memory(config, model: torch.nn.Module) -> dict[str, int]:
         "client states": 0,
         **algorithm.memory_bytes(sum(params), data.num_clients, len(params)),
     }
+    parts["client states"] = client_state_size(config, model)[0]
     if SELECTORS.get(config.selection.selector).warmup:
         # Every client's full gradient on the server (float32 as sent, float64 to cluster), and the
         # N x N distances with their condensed copy.
         parts["cacs gradients"] = (data.num_clients * (vector_bytes + sum(params) * FLOAT64_BYTES)
                                    + 2 * data.num_clients ** 2 * FLOAT64_BYTES)
     return parts
+
+
+def client_state_size(config, model: torch.nn.Module) -> tuple[int, int]:
+    """(bytes, floats per client) of all N clients' states, as the algorithm declares them
+    (Algorithm.client_state_floats)."""
+    floats = build_algorithm(config.algorithm).client_state_floats(
+        sum(parameter.numel() for parameter in model.parameters()),
+        sum(buffer.numel() for buffer in model.buffers() if buffer.is_floating_point()))
+    return config.data.num_clients * floats * FLOAT32_BYTES, floats
+
+
+def state_budget(config, parts: dict[str, int]) -> int:
+    """Bytes the client states may take in memory: engine.state_memory_mb, or what the machine's
+    memory leaves after the run's other parts."""
+    if config.engine.state_memory_mb is not None:
+        return int(config.engine.state_memory_mb * 1e6)
+    return physical_memory_bytes() - sum(size for part, size in parts.items() if part != "client states")
+
+
+def plan_client_states(config, run_dir: Path) -> str | None:
+    """Where the workers keep client states: in memory (None) when they fit the budget
+    (state_budget), else spilled to the directory returned, engine.state_dir (default: the run
+    directory's client_states/), which must be writable and whose disk must hold them (and, with
+    checkpoints, the run directory's disk two copies more). Otherwise a ConfigError of one line
+    naming the sizes and the keys that change them."""
+    model = meta_model(config.model.name, config.data.dataset, tuple(config.model.hidden_sizes))
+    size, floats = client_state_size(config, model)
+    parts = {**estimate_memory(config, model), "client states": size}
+    budget = state_budget(config, parts)
+    if size <= budget:
+        return None
+    directory = Path(os.path.abspath(config.engine.state_dir or run_dir / DEFAULT_STATE_DIR))
+    where = (f"engine.state_dir={config.engine.state_dir}" if config.engine.state_dir else
+             f"{directory} (engine.state_dir unset: the run directory's {DEFAULT_STATE_DIR}/)")
+    allowed = (f"engine.state_memory_mb={config.engine.state_memory_mb:g}" if config.engine.state_memory_mb is not None
+               else f"the {_gigabytes(max(budget, 0))} this machine's memory leaves for them (engine.state_memory_mb "
+                    f"unset)")
+    problem = _write_problem(directory)
+    if problem:
+        raise ConfigError(f"client states need {_size(size)}, more than {allowed}, and spill to {where}, "
+                          f"which cannot be written ({problem}); choose a writable engine.state_dir")
+    copies = 3 if config.train.checkpoint_every else 1
+    needs: dict[int, list] = {}
+    for path, share in ((directory, size), (Path(os.path.abspath(run_dir)), size * (copies - 1))):
+        existing = _existing(path)
+        needs.setdefault(existing.stat().st_dev, [0, existing])[0] += share
+    for need, existing in needs.values():
+        free = shutil.disk_usage(existing).free
+        if need > free:
+            checkpoints = " and two copies for train.checkpoint_every's checkpoints" if copies > 1 else ""
+            raise ConfigError(f"client states need {_size(size)} ({config.data.num_clients} clients x {floats} "
+                              f"floats of 4 bytes{checkpoints}), more than {allowed} and the {_gigabytes(free)} free "
+                              f"on {existing}; raise engine.state_memory_mb, give engine.state_dir a disk with "
+                              f"room, or lower data.num_clients")
+    return str(directory)
+
+
+def _existing(path: Path) -> Path:
+    """`path`, or the nearest of its parents that exists."""
+    return next(parent for parent in (path, *path.parents) if os.path.lexists(parent))
+
+
+def _write_problem(directory: Path) -> str | None:
+    """Why `directory` cannot be made or written in, or None: a file created (and removed) in it, or
+    in the parent it would be made in, tells."""
+    existing = _existing(directory)
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    try:
+        descriptor, probe = tempfile.mkstemp(dir=existing, prefix=".rayfed-probe-")
+        os.close(descriptor)
+        os.unlink(probe)
+    except OSError as error:
+        return f"{existing}: {error.strerror or error}"
+    return None
 
 
 def physical_memory_bytes() -> int:
@@ -159,6 +242,9 @@ _REMEDIES = {
 
 def check_memory(config, model: torch.nn.Module) -> None:
     parts = estimate_memory(config, model)
+    if parts.get("client states", 0) > state_budget(config, parts):
+        # Spilled to disk, which plan_client_states checks once the run directory is known.
+        del parts["client states"]
     needed, available = sum(parts.values()), physical_memory_bytes()
     if needed <= available:
         return
@@ -170,3 +256,7 @@ def check_memory(config, model: torch.nn.Module) -> None:
 
 def _gigabytes(size: int) -> str:
     return f"{size / 1e9:.1f} GB"
+
+
+def _size(size: int) -> str:
+    return _gigabytes(size) if size >= 1e8 else f"{size / 1e6:.1f} MB"

@@ -4,6 +4,9 @@ worker count gives the engine's same bits is test_engine_equivalence's); a run i
 checkpoint ends where the whole run ends; the memory check counts the client state it declares.
 A real ClientTask for objectives that need a model (MOON, FedMLB) is built here too."""
 import copy
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ import rayfed
 from rayfed.algorithms.local_training import TrainingTask
 from rayfed.engine.worker import ClientTask
 from rayfed.models import FlatModel, build_model
+from rayfed.resources import plan_client_states
 from tests.test_checkpoint import ROUNDS, interrupted
 from tests.test_engine_equivalence import SYNTHETIC_MLP, assert_same_run
 
@@ -46,15 +50,19 @@ def assert_resume_agrees(tmp_path, monkeypatch, overrides):
 
 
 def assert_memory_check_counts_client_state(monkeypatch, overrides):
-    """N x d client floats on 1 GB are refused with the estimate; FedAvg's same run is accepted."""
+    """N x d client floats beyond a 1 GB machine's memory would spill to disk; with 0.1 GB of disk
+    free they are refused before any work, with the estimate. FedAvg's same run keeps nothing."""
     monkeypatch.setattr("rayfed.resources.physical_memory_bytes", lambda: 10**9)
+    monkeypatch.setattr("rayfed.resources.shutil.disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 0, 10**8))
     base = ["data.num_clients=2000", "data.synthetic_max_samples=50", "model.name=mlp", "model.hidden_sizes=[2000]",
             "engine.backend=local"]
-    assert rayfed.load_config(None, base + ["algorithm.name=fedavg"]).algorithm.name == "fedavg"
-    with pytest.raises(rayfed.ConfigError, match=r"^the run needs about 1\.2 GB \(.*client states 1\.2 GB\), more "
-                                                 r"than this machine's 1\.0 GB; lower data.num_clients, use a smaller "
-                                                 r"model, or an algorithm without client state$"):
-        rayfed.load_config(None, base + overrides)
+    run_dir = Path(tempfile.gettempdir()) / "never-made"
+    assert plan_client_states(rayfed.load_config(None, base + ["algorithm.name=fedavg"]), run_dir) is None
+    config = rayfed.load_config(None, base + overrides)
+    with pytest.raises(rayfed.ConfigError, match=r"^client states need 1\.2 GB \(2000 clients x \d+ floats of 4 "
+                                                 r"bytes\), more than the 1\.0 GB this machine's memory leaves for "
+                                                 r"them \(engine.state_memory_mb unset\) and the 0\.1 GB free on "):
+        plan_client_states(config, run_dir)
 
 
 def model_task(module, seed=0, num_samples=20, batch_size=8, steps=3, num_classes=3):

@@ -15,7 +15,7 @@ import rayfed
 from rayfed.checkpoint import read_checkpoint
 from rayfed.cli import main
 from rayfed.engine.supervisor import Supervisor
-from rayfed.engine.worker import tensors_to
+from rayfed.engine.state_store import tensors_to
 from tests.test_engine_equivalence import SYNTHETIC_MLP
 
 LOCAL = SYNTHETIC_MLP + ["engine.backend=local"]

@@ -173,6 +173,10 @@ class Algorithm:
     # Whether a deployment sends the broadcast to the round's clients (False: they keep the model
     # themselves, FedGATE's Option I); rayfed's engines move it either way.
     sends_model = True
+    # Fields of its client state that matter only from a client's training to the server's reply
+    # (client_finish), such as FedGATE's uncompressed update: a spilled state store keeps them in
+    # memory for that while instead of giving every client room for them on disk.
+    transient_client_fields: tuple[str, ...] = ()
 
     @classmethod
     def from_params(cls, params: AlgorithmParams, context: AlgorithmContext) -> "Algorithm":
@@ -200,6 +204,13 @@ class Algorithm:
         """The memory its state needs at most, by part: "client states" (all N clients' together)
         and "server memory" (beyond the model vectors every algorithm has); checked before a run."""
         return {}
+
+    def client_state_floats(self, num_params: int, num_buffers: int) -> int:
+        """The 4-byte floats one client's state holds at most, transient fields aside, for a model of
+        `num_params` parameters and `num_buffers` running statistics: what the state store budgets,
+        and the width of a spilled state's row (checked against the states the algorithm returns).
+        By default, memory_bytes's "client states" of one client."""
+        return self.memory_bytes(num_params, 1, 1).get("client states", 0) // FLOAT32_BYTES
 
     def client_init(self, client_id: int) -> Any:
         """Persistent per-client state before a client's first round; None when there is none."""

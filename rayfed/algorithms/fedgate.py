@@ -84,6 +84,7 @@ class FedGATE(Algorithm):
     keeps_client_state = True
     compressed_upload = "accumulated_gradient"
     replies = True
+    transient_client_fields = ("update",)
 
     @classmethod
     def from_params(cls, params: AlgorithmParams, context: AlgorithmContext) -> "FedGATE":

@@ -74,6 +74,9 @@ class MoonM(FedAvgMServer):
         # Every client's previous model; its running statistics add a fraction of a percent.
         return {"client states": num_clients * num_params * FLOAT32_BYTES}
 
+    def client_state_floats(self, num_params: int, num_buffers: int) -> int:
+        return num_params + num_buffers         # the previous model with its running statistics
+
     def client_train(self, task: ClientTask, down: dict[str, Tensor],
                      client_state: MoonClientState | None) -> tuple[Upload, MoonClientState]:
         start = down["params"]

@@ -79,7 +79,7 @@ class Reply(Extension):
         summaries = []
         for worker, call in calls.items():
             try:
-                summaries.append(engine.get(call))
+                summaries.extend(engine.get(call) or ())
             except WorkerLost as lost:
                 turn.failed.update({dead: "died" for dead in lost.workers})
         if not summarize or any(worker in turn.failed for worker in calls):

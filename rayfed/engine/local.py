@@ -8,20 +8,22 @@ from rayfed.data import Dataset, Partition
 from rayfed.engine.client_data import worker_data
 from rayfed.engine.loop import InlineHandle
 from rayfed.engine.server import Server, clients_train_data
+from rayfed.engine.state_store import IN_MEMORY, StateStorage
 from rayfed.engine.worker import ClientWorker
 from rayfed.faults import Fault
 from rayfed.systems.clients import ClientSystems
 
 
 class LocalEngine:
-    def __init__(self, config: Config, dataset: Dataset, partition: Partition, client_systems: ClientSystems):
+    def __init__(self, config: Config, dataset: Dataset, partition: Partition, client_systems: ClientSystems,
+                 storage: StateStorage = IN_MEMORY):
         self.saved_threads = torch.get_num_threads()
         clients_train = clients_train_data(config, dataset, partition)
         self.new_server = lambda: Server(config, (dataset.test_x, dataset.test_y), dataset.input_shape,
                                          dataset.num_classes, client_systems, clients_train)
         self.server = InlineHandle(self.new_server())
         self.workers = [InlineHandle(ClientWorker(config, *worker_data(dataset, partition), dataset.input_shape,
-                                                  dataset.num_classes))]
+                                                  dataset.num_classes, storage=storage))]
 
     def get(self, value):
         return value

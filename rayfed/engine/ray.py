@@ -24,6 +24,7 @@ from rayfed.data import Dataset, Partition
 from rayfed.engine.client_data import worker_data
 from rayfed.engine.lost import ServerLost, WorkerLost
 from rayfed.engine.server import Server, clients_train_data
+from rayfed.engine.state_store import SpillFailed, StateStorage
 from rayfed.engine.worker import ClientWorker
 from rayfed.errors import ConfigError, first_line
 from rayfed.faults import SERVER, Fault, enact
@@ -60,17 +61,18 @@ class RayClientWorker:
     forwarder here."""
 
     def __init__(self, plugins: list[Entry], config: Config, input_shape: tuple[int, ...], num_classes: int,
-                 worker_index: int, num_workers: int):
+                 worker_index: int, num_workers: int, storage: StateStorage):
         install_plugins(plugins)
-        self.arguments = (config, input_shape, num_classes, worker_index, num_workers)
+        self.arguments = (config, input_shape, num_classes, worker_index, num_workers, storage)
         self.worker: ClientWorker | None = None
 
     def attach(self, data_refs: list, fault: Fault | None = None) -> None:
         """`data_refs` = [train data, partition]: references inside a list, so Ray passes them unresolved.
         `fault` is enacted once attached: a worker that dies while it is being restarted."""
-        config, input_shape, num_classes, worker_index, num_workers = self.arguments
+        config, input_shape, num_classes, worker_index, num_workers, storage = self.arguments
         train_data, partition = ray.get(data_refs)
-        self.worker = ClientWorker(config, train_data, partition, input_shape, num_classes, worker_index, num_workers)
+        self.worker = ClientWorker(config, train_data, partition, input_shape, num_classes, worker_index, num_workers,
+                                   storage)
         if fault is not None:
             enact(fault)
 
@@ -120,20 +122,21 @@ SAME_INCARNATION_S = 10.0
 
 
 class RayEngine:
-    def __init__(self, config: Config, dataset: Dataset, partition: Partition, client_systems: ClientSystems):
+    def __init__(self, config: Config, dataset: Dataset, partition: Partition, client_systems: ClientSystems,
+                 storage: StateStorage):
         engine = config.engine
         self.started_ray = connect_ray(engine.address, engine.num_workers * engine.worker_cpus,
                                     engine.connect_timeout_s)
         try:
             _check_resources(config)
-            self._start_actors(config, dataset, partition, client_systems)
+            self._start_actors(config, dataset, partition, client_systems, storage)
         except BaseException:
             if self.started_ray:
                 ray.shutdown()
             raise
 
-    def _start_actors(self, config: Config, dataset: Dataset, partition: Partition,
-                      client_systems: ClientSystems) -> None:
+    def _start_actors(self, config: Config, dataset: Dataset, partition: Partition, client_systems: ClientSystems,
+                      storage: StateStorage) -> None:
         engine = config.engine
         # The plugins' registrations go to every actor, installed before it builds anything; from
         # here on their modules pickle by value (a plugin's on-demand source among them).
@@ -157,7 +160,7 @@ class RayEngine:
         self.restarts_seen = [0] * engine.num_workers
         self.workers = [
             WorkerHandle(worker_actor.remote(plugins, config, dataset.input_shape, dataset.num_classes, index,
-                                             engine.num_workers))
+                                             engine.num_workers, storage))
             for index in range(engine.num_workers)
         ]
         # Actors start asynchronously; waiting here puts their start-up (and any error in their
@@ -172,6 +175,8 @@ class RayEngine:
             raise WorkerLost([error.worker_index]) from None
         except ACTOR_LOST as error:
             raise self._lost(error) from None
+        except ray.exceptions.RayTaskError as error:
+            raise _one_line(error) from None
 
     def _lost(self, error: Exception) -> Exception:
         """The loss to report for a failed call: by the actor Ray names, or, when it names none, by
@@ -200,6 +205,8 @@ class RayEngine:
             except (*ACTOR_LOST, WorkerRestarted):
                 failed[worker] = "died"
                 continue
+            except ray.exceptions.RayTaskError as error:
+                raise _one_line(error) from None
             delivered[worker] = calls[worker][1]
             del failed[worker]
         return delivered, failed
@@ -251,6 +258,12 @@ class RayEngine:
         finally:
             if self.started_ray:
                 ray.shutdown()
+
+
+def _one_line(error: ray.exceptions.RayTaskError) -> Exception:
+    """A rayfed error raised in an actor as the driver would have raised it (one line for the
+    user); any other error as Ray reports it, with the actor's traceback."""
+    return error.cause if isinstance(error.cause, (ConfigError, SpillFailed)) else error
 
 
 def _actor_state(actor) -> tuple[str, int]:

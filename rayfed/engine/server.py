@@ -29,7 +29,8 @@ from rayfed.engine.evaluation import Evaluation, gradient_similarity
 from rayfed.engine.messages import Broadcast, WorkerResult
 from rayfed.engine.process_memory import peak_rss
 from rayfed.engine.client_data import as_tensor
-from rayfed.engine.worker import device_for, tensors_to, threads_per_process
+from rayfed.engine.state_store import tensors_to
+from rayfed.engine.worker import device_for, threads_per_process
 from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, derive_seed
 from rayfed.selection.sampler import ClientSampler

@@ -12,6 +12,7 @@ why when an actor is out of restarts.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -22,13 +23,15 @@ from torch import Tensor
 from rayfed.callbacks.base import Callback, ModelShape, RunView, Stop
 from rayfed.callbacks.dispatch import CallbackList
 from rayfed.callbacks.metrics_file import MetricsFile
-from rayfed.checkpoint import Checkpoint, config_sha256, has_checkpoint, read_checkpoint, write_checkpoint
+from rayfed.checkpoint import (Checkpoint, config_sha256, has_checkpoint, read_checkpoint, shard_directory,
+                               write_checkpoint)
 from rayfed.config import Config
 from rayfed.engine.extensions import Extension, make_extensions
 from rayfed.engine.loop import Engine, enact_due, play_round
 from rayfed.engine.lost import ServerLost, WorkerLost
+from rayfed.engine.state_store import SpillFailed
 from rayfed.engine.worker import client_owner
-from rayfed.errors import RunStopped
+from rayfed.errors import RunStopped, first_line
 from rayfed.faults import SERVER, FaultSchedule
 from rayfed.metrics import strict_json
 
@@ -45,7 +48,7 @@ class Supervisor:
         self.run_dir = run_dir
         self.history: list[dict] = []   # every round's metrics so far, resumed ones included
         self.metrics_file = metrics_file
-        self.callbacks = CallbackList(callbacks, (WorkerLost, ServerLost, WorkersGone), self._kept)
+        self.callbacks = CallbackList(callbacks, (WorkerLost, ServerLost, WorkersGone, SpillFailed), self._kept)
         self.view = RunView(config, run_dir, shape, self.history, self._global_model, self._checkpoint,
                             resumed_from)
         self.stop: tuple[Stop, Callback] | None = None
@@ -76,6 +79,10 @@ class Supervisor:
                 self._recover_server()
             except WorkersGone:
                 self._stop_without_gone_workers()
+            except SpillFailed as failed:
+                # The last checkpoint still holds every state as it was: the run resumes from it.
+                raise RunStopped(f"{first_line(failed)}; stopped after round {len(self.history)}; "
+                                 f"{self._resume_hint()}", "disk_full") from None
 
     def close(self) -> None:
         unfired = self.faults.unfired()
@@ -132,7 +139,8 @@ class Supervisor:
             raise WorkersGone()
         for target in (SERVER, *range(len(self.engine.workers))):
             enact_due(self.engine, self.faults, target, self.round, "checkpoint")
-        self._write_checkpoint(self.engine.get(self.engine.server.snapshot()), self._client_states())
+        directory = shard_directory(self.run_dir, len(self.history))
+        self._write_checkpoint(self.engine.get(self.engine.server.snapshot()), *self._client_states(directory))
 
     def _global_model(self) -> tuple[Tensor, Tensor]:
         if self.final is not None:
@@ -143,18 +151,23 @@ class Supervisor:
         """What the run directory keeps, for the line of a run that stops."""
         return f"; {self.run_dir} keeps rounds 1-{len(self.history)}; {self._resume_hint()}"
 
-    def _client_states(self) -> dict[int, Any]:
-        client_states = {}
-        for states in self._ask_workers(lambda worker: self.engine.workers[worker].snapshot_client_states()):
+    def _client_states(self, directory: Path) -> tuple[dict[int, Any], list[dict]]:
+        """Every worker's client states for a checkpoint: states kept in memory, and the manifests
+        of spilled shards, whose rows the workers copy into `directory`."""
+        client_states, shards = {}, []
+        for states, shard in self._ask_workers(
+                lambda worker: self.engine.workers[worker].snapshot_client_states(str(directory))):
             client_states.update(states)
-        return client_states
+            if shard is not None:
+                shards.append({**shard, "file": (directory / shard["file"]).relative_to(self.run_dir).as_posix()})
+        return client_states, shards
 
-    def _write_checkpoint(self, server: dict, client_states: dict) -> None:
+    def _write_checkpoint(self, server: dict, client_states: dict, shards: list[dict]) -> None:
         # The checkpoint records the digest of these lines: they must reach the disk before it does.
         self.metrics_file.sync()
         write_checkpoint(self.run_dir, Checkpoint(len(self.history), self.config.algorithm.name,
                                                   self.config.model.name, config_sha256(self.run_dir),
-                                                  self.metrics_file.sha256(), server, client_states))
+                                                  self.metrics_file.sha256(), server, client_states, shards))
         self.callbacks.checkpoint(self.view, len(self.history))
 
     def _last_checkpoint(self) -> Checkpoint | None:
@@ -185,7 +198,7 @@ class Supervisor:
             gone += newly_gone
             try:
                 if checkpoint is not None:
-                    self.engine.get([self._restore_call(checkpoint.client_states, worker) for worker in alive])
+                    self.engine.get([self._restore_call(checkpoint, worker) for worker in alive])
                 pending = []
             except WorkerLost as lost:
                 pending = lost.workers
@@ -195,17 +208,23 @@ class Supervisor:
             return outcome + "reset: no checkpoint"
         return outcome + f"restored from the checkpoint of round {checkpoint.rounds_completed}"
 
-    def _restore_call(self, states: dict[int, Any], worker: int):
+    def _restore_call(self, checkpoint: Checkpoint | None, worker: int):
+        """The worker's clients back to `checkpoint` (None: no state): the states it holds of them,
+        and its spilled shard, which the worker reads from the run directory."""
+        if checkpoint is None:
+            return self.engine.workers[worker].restore_client_states({}, None)
         num_workers = len(self.engine.workers)
+        shard = next((shard for shard in checkpoint.state_shards if shard["worker"] == worker), None)
         return self.engine.workers[worker].restore_client_states(
-            {client: state for client, state in states.items() if client_owner(client, num_workers) == worker})
+            {client: state for client, state in checkpoint.client_states.items()
+             if client_owner(client, num_workers) == worker},
+            None if shard is None else {**shard, "path": str(self.run_dir / shard["file"])})
 
     def _go_back_to(self, checkpoint: Checkpoint | None) -> None:
         """The server and every worker as at `checkpoint` (None: as at the start)."""
         if checkpoint is not None:
             self.engine.get(self.engine.server.restore(checkpoint.server))
-        states = checkpoint.client_states if checkpoint is not None else {}
-        self._ask_workers(lambda worker: self._restore_call(states, worker))
+        self._ask_workers(lambda worker: self._restore_call(checkpoint, worker))
 
     def _stop_without_gone_workers(self) -> None:
         """A last checkpoint of everything still known (the gone workers' clients as the previous
@@ -215,14 +234,18 @@ class Supervisor:
             num_workers = len(self.engine.workers)
             client_states = {client: state for client, state in (previous.client_states if previous else {}).items()
                              if client_owner(client, num_workers) in self.gone_workers}
+            directory = shard_directory(self.run_dir, len(self.history))
+            shards = [self._carry(shard, directory) for shard in (previous.state_shards if previous else [])
+                      if shard["worker"] in self.gone_workers]
             server = self.engine.get(self.engine.server.snapshot())
             while True:
                 try:
-                    client_states.update(self._client_states())
+                    states, kept = self._client_states(directory)
                     break
                 except WorkersGone:
                     continue        # another worker gone: ask those that are left
-            self._write_checkpoint(server, client_states)
+            client_states.update(states)
+            self._write_checkpoint(server, client_states, shards + kept)
             saved = f"stopped after round {len(self.history)} with a checkpoint of what is still known"
         except ServerLost:
             saved = f"the server died too; stopped after round {len(self.history)}"
@@ -230,6 +253,13 @@ class Supervisor:
         raise RunStopped(f"worker {workers} died more than engine.worker_max_restarts="
                          f"{self.config.engine.worker_max_restarts} times; {saved}; {self._resume_hint()}",
                          "workers_lost")
+
+    def _carry(self, shard: dict, directory: Path) -> dict:
+        """A gone worker's spilled shard from the previous checkpoint, copied into the next one's `directory`."""
+        directory.mkdir(parents=True, exist_ok=True)
+        target = directory / Path(shard["file"]).name
+        shutil.copyfile(self.run_dir / shard["file"], target)
+        return {**shard, "file": target.relative_to(self.run_dir).as_posix()}
 
     def _resume_hint(self) -> str:
         if has_checkpoint(self.run_dir):

@@ -2,7 +2,6 @@
 with one resident model (one after another, or as one batch with engine.vectorize)."""
 from __future__ import annotations
 
-import copy
 import os
 import time
 from typing import Any, Callable
@@ -22,6 +21,7 @@ from rayfed.data.partition import Partition
 from rayfed.engine.client_data import ClientRows, client_data
 from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult, WorkerTiming
 from rayfed.engine.process_memory import peak_rss
+from rayfed.engine.state_store import IN_MEMORY, StateStorage, open_store
 from rayfed.engine.vectorized import FULL_GRADIENT_CHUNK, ClientBatchTask
 from rayfed.models import FlatModel, build_model
 from rayfed.models.forward import ModelForward
@@ -39,22 +39,6 @@ def device_for(gpus: float) -> torch.device:
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
     return torch.device("cuda")
-
-
-def tensors_to(value: Any, device: torch.device) -> Any:
-    """`value` with every tensor inside it (in dicts, lists, tuples and rayfed's state objects) on `device`;
-    `value` itself is not changed. Checkpoints hold CPU tensors so that any process can read them."""
-    if isinstance(value, Tensor):
-        return value.to(device)
-    if isinstance(value, dict):
-        return {key: tensors_to(item, device) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(tensors_to(item, device) for item in value)
-    if type(value).__module__.startswith("rayfed.") and hasattr(value, "__dict__"):
-        moved = copy.copy(value)
-        moved.__dict__.update({key: tensors_to(item, device) for key, item in vars(value).items()})
-        return moved
-    return value
 
 
 class ClientTask:
@@ -169,7 +153,7 @@ class ClientWorker:
 
     def __init__(self, config: Config, train_data: tuple[np.ndarray, np.ndarray] | ClientSource,
                  partition: Partition | None, input_shape: tuple[int, ...], num_classes: int, worker_index: int = 0,
-                 num_workers: int = 1):
+                 num_workers: int = 1, storage: StateStorage = IN_MEMORY):
         """`train_data` and `partition`: the shared training arrays and the split, or an on-demand
         dataset's source and None (rayfed.engine.client_data.worker_data)."""
         torch.set_num_threads(threads_per_process(config))
@@ -188,8 +172,12 @@ class ClientWorker:
         self.codec = Codec(config.compression, self.algorithm.compressed_upload, self.model.blocks,
                            self.model.num_params, config.seed)
         self.schedule = LocalSchedule.from_config(config.train)
-        # Created on a client's first participation, so clients that never train cost nothing.
-        self.client_states: dict[int, Any] = {}
+        # Created on a client's first participation, so clients that never train cost nothing; in
+        # memory, or spilled to this worker's shard file (engine.state_memory_mb).
+        self.client_states = open_store(storage, self.algorithm, config.algorithm.name,
+                                        self.algorithm.client_state_floats(self.model.num_params,
+                                                                           self.model.buffers.numel()),
+                                        config.data.num_clients, worker_index, num_workers, self.device)
         # States from the last train() call, kept until the driver knows whether its uploads counted:
         # a client whose upload was lost (late, or its worker died) must not move on without the server.
         self.pending_states: dict[int, Any] = {}
@@ -292,37 +280,43 @@ class ClientWorker:
 
     def commit(self) -> None:
         """The last round's uploads counted: its clients' new states become theirs."""
-        self.client_states.update(self.pending_states)
+        self.client_states.put_many(self.pending_states)
         self.pending_states = {}
 
     def discard(self) -> None:
         self.pending_states = {}
         self.sent_updates = {}
 
-    def finish_round(self, reply: dict[str, Tensor], client_ids: list[int], summarize: bool = False) -> dict | None:
+    def finish_round(self, reply: dict[str, Tensor], client_ids: list[int],
+                     summarize: bool = False) -> list[dict] | None:
         """The server's reply to the round's clients whose uploads counted (Algorithm.replies): each
         updates its committed state with it. With `summarize`, this worker's part of the diagnostics
-        of all its clients' states."""
+        of all its clients' states (one per part of a spilled shard)."""
         reply = {name: tensor.to(self.device) for name, tensor in reply.items()}
-        for client_id in client_ids:
-            self.client_states[client_id] = self.algorithm.client_finish(self.client_states[client_id], reply,
-                                                                         self.sent_updates[client_id])
+        self.client_states.put_many({client_id: self.algorithm.client_finish(self.client_states.get(client_id), reply,
+                                                                             self.sent_updates[client_id])
+                                     for client_id in client_ids})
         self.sent_updates = {}
-        return self.algorithm.summarize_client_states(list(self.client_states.values())) if summarize else None
+        if not summarize:
+            return None
+        return [self.algorithm.summarize_client_states(states) for states in self.client_states.chunks()]
 
-    def snapshot_client_states(self) -> dict[int, Any]:
-        return {client: tensors_to(state, torch.device("cpu")) for client, state in self.client_states.items()}
+    def snapshot_client_states(self, directory: str) -> tuple[dict[int, Any], dict | None]:
+        """The clients' states for a checkpoint, on the CPU; or, spilled, the manifest of this
+        worker's shard, whose rows are copied into `directory`."""
+        return self.client_states.snapshot(directory)
 
-    def restore_client_states(self, states: dict[int, Any]) -> None:
-        """The states of a checkpoint (on this worker's device); anything trained since is forgotten."""
-        self.client_states = {client: tensors_to(state, self.device) for client, state in states.items()}
+    def restore_client_states(self, states: dict[int, Any], shard: dict | None = None) -> None:
+        """The states of a checkpoint (on this worker's device): `states`, and the rows of a spilled
+        `shard`; anything trained since is forgotten."""
+        self.client_states.restore(states, shard)
         self.pending_states = {}
 
     def peak_rss(self) -> tuple[int, int]:
         return peak_rss()
 
     def client_state_bytes(self) -> int:
-        return sum(self.algorithm.state_bytes(state) for state in self.client_states.values())
+        return self.client_states.nbytes()
 
 
 def client_owner(client_id: int, num_workers: int) -> int:
