@@ -32,6 +32,8 @@ from rayfed.resources import check_availability_walk, check_memory, check_model
 from rayfed.systems.availability import AVAILABILITIES
 
 BACKENDS = ("local", "ray")
+PLACEMENTS = ("default", "spread")
+WORKER_LOSSES = ("continue", "replay")
 ROUND_POLICIES = ("sync", "deadline", "overcommit", "async_buffered")
 STALENESS_WEIGHTS = ("none", "sqrt")
 WEIGHT_DECAY_MODES = ("coupled", "decoupled")
@@ -373,6 +375,16 @@ class EngineConfig(_Section):
     state_dir: Optional[_Path] = None
     """Where spilled client states live, one file per worker (default: `client_states/` in the run directory); a local
     disk with room for all N clients' states, and twice that in the run directory's disk for checkpoints."""
+    placement: Literal[PLACEMENTS] = "default"
+    """Ray: where the worker actors go. `default`: Ray's default scheduling (it fills a node to half its CPUs before it
+    moves on); `spread`: over as many nodes as possible (Ray's SPREAD strategy, soft: a worker Ray restarts after its
+    node died goes to any node with room). Either way the server runs on the driver's node (unless it has
+    `engine.server_gpus`); in a sweep the trial's placement group holds both (see Run on a Ray cluster)."""
+    worker_loss: Literal[WORKER_LOSSES] = "continue"
+    """Ray: what a round in which a worker (or a whole node) died becomes. `continue`: it completes without the dead
+    worker's clients and the run goes on, those clients' states back at the last checkpoint; `replay`: the run goes
+    back to the last checkpoint (or the start) and plays the rounds since again, so it ends with the bits of an
+    uninterrupted run (see What survives what)."""
 
 
 class SelectionConfig(_Section):
@@ -602,6 +614,13 @@ def _check_combinations(config: Config) -> None:
                           f"({', '.join(normalizable)}), not data.dataset={data.dataset}")
     if (engine.round_timeout_s is not None or engine.fault_injection) and engine.backend != "ray":
         raise ConfigError("engine.round_timeout_s and engine.fault_injection need engine.backend=ray")
+    actor_keys = [f"engine.{key}={value}" for key, value, default in (
+        ("placement", engine.placement, "default"), ("worker_loss", engine.worker_loss, "continue"))
+        if value != default]
+    if actor_keys and engine.backend != "ray":
+        verb = "needs" if len(actor_keys) == 1 else "need"
+        raise ConfigError(f"{' and '.join(actor_keys)} {verb} engine.backend=ray: the local engine has no actors to "
+                          f"place or lose")
     for entry in engine.fault_injection:
         parse_fault(entry, engine.num_workers)
     if train.similarity_clients > data.num_clients:

@@ -61,6 +61,28 @@ def test_ray_engine_refuses_resources_the_cluster_lacks(tmp_path, ray_cluster):
     assert not (tmp_path / "gpu").exists()
 
 
+def test_ray_engine_refuses_workers_that_fit_the_clusters_cpus_but_none_of_its_nodes(monkeypatch):
+    """Two live nodes of 2 CPUs (and a dead one of 8): Ray would wait forever for a node for a 3-CPU worker."""
+    import ray
+
+    from rayfed.engine.ray import _check_resources
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 4.0})
+    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Resources": {"CPU": 2.0}}] * 2 +
+                        [{"Alive": False, "Resources": {"CPU": 8.0}}])
+
+    def check(*overrides):
+        _check_resources(rayfed.load_config(None, SYNTHETIC_MLP + ["engine.backend=ray", *overrides]))
+
+    check("engine.num_workers=2", "engine.worker_cpus=2")
+    check("engine.num_workers=4", "engine.worker_cpus=1")
+    refusal = r"^engine.num_workers=1 workers of 3 CPUs \(engine.worker_cpus\) do not fit on the Ray cluster's nodes: " \
+              r"they hold 0 \(CPUs a node: 2, 2\)$"
+    with pytest.raises(rayfed.ConfigError, match=refusal):
+        check("engine.num_workers=1", "engine.worker_cpus=3")
+    with pytest.raises(rayfed.ConfigError, match="^engine.num_workers=3 workers of 1.25 CPUs .* they hold 2 "):
+        check("engine.num_workers=3", "engine.worker_cpus=1.25")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", [
     ["algorithm.name=fedlalr", "algorithm.lr_local=0.002", "train.lr_decay=0.95", "train.weight_decay=0.001",

@@ -98,6 +98,24 @@ def test_a_killed_server_is_recreated_and_the_run_ends_with_the_uninterrupted_bi
     assert [json.loads(line)["round"] for line in lines] == list(range(1, 7))
 
 
+@pytest.mark.parametrize("fault, origin", [
+    ("kill:0:1:idle", "the start"),                             # found in round 2, before any checkpoint
+    ("kill:1:4:checkpoint", "the checkpoint of round 2"),       # handing over its states for the round-4 checkpoint
+])
+def test_with_worker_loss_replay_a_dead_worker_takes_the_run_back_to_the_uninterrupted_bits(tmp_path, capsys,
+                                                                                           ray_cluster, fault, origin):
+    base = SYNTHETIC_MLP + ["algorithm.name=mifa", "train.rounds=6", "train.eval_every=3", "train.checkpoint_every=2"]
+    whole = run(tmp_path, "engine.backend=local", base=base, name="whole")
+    replayed = run(tmp_path, "engine.backend=ray", "engine.num_workers=2", "engine.worker_loss=replay",
+                   f"engine.fault_injection=['{fault}']", base=base)
+    assert_same_run(whole, replayed)
+    worker, round = fault.split(":")[1], int(fault.split(":")[2]) + fault.endswith("idle")
+    assert (f"rayfed: worker {worker} died in round {round}; went back to {origin} and running the rounds since again "
+            f"(engine.worker_loss=replay)\n") in capsys.readouterr().err
+    assert replayed.summary["server_restarts"] == 0
+    assert_mifa_invariant(replayed.run_dir)
+
+
 def test_a_server_killed_without_a_checkpoint_starts_over(tmp_path, ray_cluster):
     base = SYNTHETIC_MLP + ["train.rounds=4"]
     whole = run(tmp_path, "engine.backend=local", base=base, name="whole")
@@ -145,6 +163,10 @@ def test_a_late_worker_is_a_straggler_and_its_clients_do_not_move_on(tmp_path, r
     (["engine.fault_injection=['kill_server:0']"], "must be kill:WORKER:ROUND[:WHEN]"),
     (["engine.round_timeout_s=0"], "engine.round_timeout_s"),
     (["engine.backend=local", "engine.round_timeout_s=2"], "need engine.backend=ray"),
+    (["engine.backend=local", "engine.worker_loss=replay"], "^engine.worker_loss=replay needs engine.backend=ray: the "
+                                                            "local engine has no actors to place or lose$"),
+    (["engine.backend=local", "engine.placement=spread", "engine.worker_loss=replay"],
+     "^engine.placement=spread and engine.worker_loss=replay need engine.backend=ray"),
 ])
 def test_fault_configuration_errors(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):

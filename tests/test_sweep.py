@@ -11,7 +11,7 @@ import yaml
 from rayfed.cli import main
 from rayfed.config import load_config
 from rayfed.metrics import WALL_CLOCK_KEYS
-from rayfed.sweep.runner import trial_bundles
+from rayfed.sweep.runner import trial_bundles, trial_resources
 from rayfed.sweep.select import select
 from rayfed.sweep.spec import read_sweep
 from tests.test_checkpoint import interrupted
@@ -80,6 +80,9 @@ def test_trials_reserve_what_their_engine_uses():
     assert trial_bundles(local) == [{"CPU": 2.0}]
     ray = load_config(None, ["engine.num_workers=3", "engine.worker_gpus=0.25", "engine.server_gpus=0.5"])
     assert trial_bundles(ray) == [{"CPU": 0.01}, {"CPU": 0.01, "GPU": 0.5}, *[{"CPU": 1.0, "GPU": 0.25}] * 3]
+    assert trial_resources(ray).strategy == "PACK"
+    spread = load_config(None, ["engine.num_workers=3", "engine.placement=spread"])
+    assert trial_resources(spread).strategy == "SPREAD" and trial_resources(spread).bundles == trial_bundles(spread)
 
 
 def test_selection_takes_the_best_mean_over_seeds_per_group(in_tmp):

@@ -22,9 +22,9 @@ class Engine(Protocol):
 
     def settle(self, calls: dict[int, Any]) -> tuple[dict[int, Any], dict[int, str]]: ...
 
-    def revive(self, workers: list[int], faults: dict[int, Fault]) -> tuple[list[int], list[int]]:
-        """(workers back with their shard attached, workers gone for good); `faults` strike while
-        the workers are being restarted."""
+    def revive(self, workers: list[int], faults: dict[int, Fault]) -> tuple[list[int], dict[int, str]]:
+        """(workers back with their shard attached, workers gone for good with why); `faults` strike
+        while the workers are being restarted."""
 
     def recreate_server(self) -> None: ...
 

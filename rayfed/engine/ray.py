@@ -8,6 +8,7 @@ straight to the server actor.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
@@ -18,6 +19,7 @@ from typing import Any, Callable
 import ray
 from ray._private import services
 from ray._private import state as ray_state
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayfed.config import Config
 from rayfed.data import Dataset, Partition
@@ -149,15 +151,18 @@ class RayEngine:
         # The server works while the workers wait for the next round, so it reserves no CPU:
         # otherwise P one-CPU workers could not all be placed on a P-core machine. Ray does not
         # restart it: the engine recreates it from the last checkpoint (recreate_server).
-        server_actor = ray.remote(RayServer).options(num_cpus=0, num_gpus=engine.server_gpus, max_restarts=0)
+        server_actor = ray.remote(RayServer).options(num_cpus=0, num_gpus=engine.server_gpus, max_restarts=0,
+                                                     **_server_placement(engine.server_gpus))
         server_arguments = (plugins, config, (dataset.test_x, dataset.test_y), dataset.input_shape, dataset.num_classes,
                             client_systems, clients_train_data(config, dataset, partition))
         self.new_server = lambda: RemoteHandle(server_actor.remote(*server_arguments))
         worker_actor = ray.remote(RayClientWorker).options(num_cpus=engine.worker_cpus, num_gpus=engine.worker_gpus,
-                                                           max_restarts=engine.worker_max_restarts)
+                                                           max_restarts=engine.worker_max_restarts,
+                                                           **_worker_placement(engine.placement))
         self.server = self.new_server()
         self.round_timeout_s = engine.round_timeout_s
         self.restarts_seen = [0] * engine.num_workers
+        self.max_restarts = engine.worker_max_restarts
         self.workers = [
             WorkerHandle(worker_actor.remote(plugins, config, dataset.input_shape, dataset.num_classes, index,
                                              engine.num_workers, storage))
@@ -211,19 +216,22 @@ class RayEngine:
             del failed[worker]
         return delivered, failed
 
-    def revive(self, workers: list[int], faults: dict[int, Fault]) -> tuple[list[int], list[int]]:
+    def revive(self, workers: list[int], faults: dict[int, Fault]) -> tuple[list[int], dict[int, str]]:
         """Waits until Ray has restarted `workers` and attaches each to its shard again, enacting its
-        fault in `faults` during that attach. Returns the workers back, and those Ray will not
-        restart any more (out of engine.worker_max_restarts)."""
-        alive, gone = [], []
+        fault in `faults` during that attach. Returns the workers back, and those that will not come
+        back with why: out of engine.worker_max_restarts, or no node with room for them (their node
+        died and the others are full)."""
+        alive, gone = [], {}
         for worker in workers:
             fault = faults.get(worker)
             started = time.monotonic()
             while worker not in alive and worker not in gone:
                 state, restarts = _actor_state(self.workers[worker].actor)
                 waited_s = time.monotonic() - started
-                if state == "DEAD" or waited_s > REVIVE_TIMEOUT_S:
-                    gone.append(worker)
+                if state == "DEAD":
+                    gone[worker] = f"died more than engine.worker_max_restarts={self.max_restarts} times"
+                elif waited_s > REVIVE_TIMEOUT_S:
+                    gone[worker] = f"died and Ray found no node with room to restart it within {REVIVE_TIMEOUT_S:g} s"
                 elif state == "ALIVE" and (restarts > self.restarts_seen[worker] or waited_s > SAME_INCARNATION_S):
                     # Calls to an actor Ray is still restarting can be dropped: only a new incarnation
                     # (or one that never died) is sure to receive the attach and its fault.
@@ -264,6 +272,28 @@ def _one_line(error: ray.exceptions.RayTaskError) -> Exception:
     """A rayfed error raised in an actor as the driver would have raised it (one line for the
     user); any other error as Ray reports it, with the actor's traceback."""
     return error.cause if isinstance(error.cause, (ConfigError, SpillFailed)) else error
+
+
+def _in_placement_group() -> bool:
+    """A sweep's trial: Tune placed the driver in a placement group that its actors join (Ray captures them), which
+    an explicit scheduling strategy would take them out of."""
+    return ray.util.get_current_placement_group() is not None
+
+
+def _server_placement(server_gpus: float) -> dict:
+    """The server on the driver's node, whose loss ends the run anyway: a worker node that dies never takes the
+    server with it. Pinned (Ray's soft affinity often places it elsewhere); a server with GPUs goes wherever Ray
+    finds them, since the driver's node may have none."""
+    if server_gpus or _in_placement_group():
+        return {}
+    node = ray.get_runtime_context().get_node_id()
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node, soft=False)}
+
+
+def _worker_placement(placement: str) -> dict:
+    if placement == "default" or _in_placement_group():
+        return {}
+    return {"scheduling_strategy": "SPREAD"}
 
 
 def _actor_state(actor) -> tuple[str, int]:
@@ -332,3 +362,19 @@ def _check_resources(config: Config) -> None:
         if needed > available.get(resource, 0.0) + 1e-9:
             raise ConfigError(f"{keys} needs {needed:g} {resource}s but the Ray cluster has "
                               f"{available.get(resource, 0.0):g}")
+    # Enough CPUs in all can still be too few on every node for one worker: Ray would wait for a node forever.
+    nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+    fit = sum(_workers_fitting(node, engine.worker_cpus, engine.worker_gpus) for node in nodes)
+    if fit < engine.num_workers:
+        gpus = f" and {engine.worker_gpus:g} GPUs (engine.worker_gpus)" if engine.worker_gpus else ""
+        sizes = ", ".join(f"{node.get('CPU', 0.0):g}" + (f"+{node.get('GPU', 0.0):g} GPU" if engine.worker_gpus else "")
+                          for node in nodes)
+        raise ConfigError(f"engine.num_workers={engine.num_workers} workers of {engine.worker_cpus:g} CPUs "
+                          f"(engine.worker_cpus){gpus} do not fit on the Ray cluster's nodes: they hold {fit} "
+                          f"(CPUs a node: {sizes})")
+
+
+def _workers_fitting(node: dict[str, float], cpus: float, gpus: float) -> int:
+    """How many workers of `cpus` CPUs and `gpus` GPUs the node's resources hold."""
+    fit = math.floor(node.get("CPU", 0.0) / cpus + 1e-9)
+    return min(fit, math.floor(node.get("GPU", 0.0) / gpus + 1e-9)) if gpus else fit

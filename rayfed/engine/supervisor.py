@@ -3,7 +3,8 @@
 A worker that dies is restarted by Ray and gets its clients' states back from the last
 checkpoint (or starts them afresh without one). A server actor that dies is recreated from the
 last checkpoint (or from the start), every worker goes back to that checkpoint's client states,
-and the rounds since run again: the run ends with the bits of an uninterrupted one. The
+and the rounds since run again: the run ends with the bits of an uninterrupted one. With
+engine.worker_loss=replay a worker that dies (alone or with its node) does the same. The
 supervisor tells the run's callbacks (rayfed.callbacks: metrics.jsonl, TensorBoard, the progress
 bar, the divergence stop, the checkpoints, and the researcher's own) about each round, each
 checkpoint and each rewind, ends the run when one of them asks, and stops it with one line saying
@@ -40,6 +41,15 @@ class WorkersGone(Exception):
     """Workers Ray will not restart any more: a run with rounds left cannot go on without their clients."""
 
 
+class Replay(Exception):
+    """Workers died in a round or a checkpoint of a run with engine.worker_loss=replay: it goes back
+    to the last checkpoint instead of going on without their clients."""
+
+    def __init__(self, workers: list[int]):
+        super().__init__(workers)
+        self.workers = workers
+
+
 class Supervisor:
     def __init__(self, engine: Engine, config: Config, run_dir: Path, shape: ModelShape, metrics_file: MetricsFile,
                  callbacks: list[Callback], resumed_from: int | None = None):
@@ -48,14 +58,15 @@ class Supervisor:
         self.run_dir = run_dir
         self.history: list[dict] = []   # every round's metrics so far, resumed ones included
         self.metrics_file = metrics_file
-        self.callbacks = CallbackList(callbacks, (WorkerLost, ServerLost, WorkersGone, SpillFailed), self._kept)
+        self.callbacks = CallbackList(callbacks, (WorkerLost, ServerLost, WorkersGone, Replay, SpillFailed),
+                                      self._kept)
         self.view = RunView(config, run_dir, shape, self.history, self._global_model, self._checkpoint,
                             resumed_from)
         self.stop: tuple[Stop, Callback] | None = None
         self.final: dict | None = None
         self.faults = FaultSchedule(config.engine.fault_injection, config.engine.num_workers)
         self.server_restarts = 0
-        self.gone_workers: list[int] = []
+        self.gone_workers: dict[int, str] = {}      # workers that will not come back, with why
         # What became of the client states of workers revived between rounds, for the next round's metrics.
         self.revived_between_rounds: list[str] = []
         self.round = 0                  # the round being played: faults are scheduled by it
@@ -77,6 +88,8 @@ class Supervisor:
                 return self._play_to_the_end()
             except ServerLost:
                 self._recover_server()
+            except Replay as lost:
+                self._replay(lost.workers)
             except WorkersGone:
                 self._stop_without_gone_workers()
             except SpillFailed as failed:
@@ -104,6 +117,8 @@ class Supervisor:
         metrics = play_round(self.engine, round, clients_keep_state, self.faults, extensions)
         metrics["wall_time_s"] = time.perf_counter() - self.started
         died = [int(worker) for worker, why in metrics.get("failed_workers", {}).items() if why == "died"]
+        if died and self._replays():
+            raise Replay(died)
         if died:
             self.revived_between_rounds.append(self._revive(died))
         if self.revived_between_rounds:
@@ -140,7 +155,8 @@ class Supervisor:
         for target in (SERVER, *range(len(self.engine.workers))):
             enact_due(self.engine, self.faults, target, self.round, "checkpoint")
         directory = shard_directory(self.run_dir, len(self.history))
-        self._write_checkpoint(self.engine.get(self.engine.server.snapshot()), *self._client_states(directory))
+        self._write_checkpoint(self.engine.get(self.engine.server.snapshot()),
+                               *self._client_states(directory, replay=True))
 
     def _global_model(self) -> tuple[Tensor, Tensor]:
         if self.final is not None:
@@ -151,12 +167,14 @@ class Supervisor:
         """What the run directory keeps, for the line of a run that stops."""
         return f"; {self.run_dir} keeps rounds 1-{len(self.history)}; {self._resume_hint()}"
 
-    def _client_states(self, directory: Path) -> tuple[dict[int, Any], list[dict]]:
+    def _client_states(self, directory: Path, replay: bool = False) -> tuple[dict[int, Any], list[dict]]:
         """Every worker's client states for a checkpoint: states kept in memory, and the manifests
-        of spilled shards, whose rows the workers copy into `directory`."""
+        of spilled shards, whose rows the workers copy into `directory`. With `replay` and
+        engine.worker_loss=replay, a worker that dies meanwhile raises Replay (a revived one would
+        hand over the previous checkpoint's states)."""
         client_states, shards = {}, []
         for states, shard in self._ask_workers(
-                lambda worker: self.engine.workers[worker].snapshot_client_states(str(directory))):
+                lambda worker: self.engine.workers[worker].snapshot_client_states(str(directory)), replay=replay):
             client_states.update(states)
             if shard is not None:
                 shards.append({**shard, "file": (directory / shard["file"]).relative_to(self.run_dir).as_posix()})
@@ -173,37 +191,43 @@ class Supervisor:
     def _last_checkpoint(self) -> Checkpoint | None:
         return read_checkpoint(self.run_dir) if has_checkpoint(self.run_dir) else None
 
-    def _ask_workers(self, call: Callable[[int], Any], workers: list[int] | None = None) -> list:
+    def _ask_workers(self, call: Callable[[int], Any], workers: list[int] | None = None, replay: bool = False) -> list:
         """`call(worker)` on each of `workers` (default: every worker still in the run), resolved.
-        Workers that die meanwhile are revived and asked again; while rounds are left to play,
-        a worker out of restarts raises WorkersGone."""
+        Workers that die meanwhile are revived and asked again (with `replay` and
+        engine.worker_loss=replay, Replay is raised instead); while rounds are left to play, a worker
+        out of restarts raises WorkersGone."""
         while True:
             asked = [w for w in (range(len(self.engine.workers)) if workers is None else workers)
                      if w not in self.gone_workers]
             try:
                 return self.engine.get([call(worker) for worker in asked])
             except WorkerLost as lost:
+                if replay and self._replays():
+                    raise Replay(lost.workers) from None
                 self.revived_between_rounds.append(self._revive(lost.workers))
                 if self.gone_workers and not self._all_rounds_done():
                     raise WorkersGone() from None
 
+    def _replays(self) -> bool:
+        return self.config.engine.worker_loss == "replay"
+
     def _revive(self, workers: list[int]) -> str:
         """Brings restarted workers back with their clients' states from the last checkpoint.
-        Returns what happened, for metrics.jsonl; workers out of restarts join `gone_workers`."""
+        Returns what happened, for metrics.jsonl; workers that will not come back join `gone_workers`."""
         checkpoint = self._last_checkpoint()
-        pending, gone = list(workers), []
+        pending, gone = list(workers), {}
         while pending:
             faults = {worker: fault for worker in pending for fault in self.faults.due(worker, self.round, "restart")}
             alive, newly_gone = self.engine.revive(pending, faults)
-            gone += newly_gone
+            gone.update(newly_gone)
             try:
                 if checkpoint is not None:
                     self.engine.get([self._restore_call(checkpoint, worker) for worker in alive])
                 pending = []
             except WorkerLost as lost:
                 pending = lost.workers
-        self.gone_workers += gone
-        outcome = f"workers {gone} did not come back; " if gone else ""
+        self.gone_workers.update(gone)
+        outcome = f"workers {sorted(gone)} did not come back; " if gone else ""
         if checkpoint is None:
             return outcome + "reset: no checkpoint"
         return outcome + f"restored from the checkpoint of round {checkpoint.rounds_completed}"
@@ -249,10 +273,14 @@ class Supervisor:
             saved = f"stopped after round {len(self.history)} with a checkpoint of what is still known"
         except ServerLost:
             saved = f"the server died too; stopped after round {len(self.history)}"
-        workers = ", ".join(map(str, sorted(self.gone_workers)))
-        raise RunStopped(f"worker {workers} died more than engine.worker_max_restarts="
-                         f"{self.config.engine.worker_max_restarts} times; {saved}; {self._resume_hint()}",
-                         "workers_lost")
+        raise RunStopped(f"{self._gone()}; {saved}; {self._resume_hint()}", "workers_lost")
+
+    def _gone(self) -> str:
+        """The workers gone, by why: `worker 1 died more than engine.worker_max_restarts=3 times`."""
+        by_why: dict[str, list[int]] = {}
+        for worker, why in sorted(self.gone_workers.items()):
+            by_why.setdefault(why, []).append(worker)
+        return "; ".join(f"worker {', '.join(map(str, workers))} {why}" for why, workers in by_why.items())
 
     def _carry(self, shard: dict, directory: Path) -> dict:
         """A gone worker's spilled shard from the previous checkpoint, copied into the next one's `directory`."""
@@ -274,23 +302,37 @@ class Supervisor:
         if self.server_restarts > limit:
             raise RunStopped(f"the server actor died in round {self.round + 1}, more than "
                              f"engine.server_max_restarts={limit} times; {self._resume_hint()}", "server_lost")
+        origin = self._rewind("while the server was being recreated")
+        print(f"rayfed: the server actor died in round {self.round + 1}; recreated it from {origin} and running the "
+              f"rounds since again", file=sys.stderr)
+
+    def _replay(self, workers: list[int]) -> None:
+        """engine.worker_loss=replay: the dead workers restarted, then the run as after a server loss. Restarted
+        first: a call to a worker Ray cannot place (its node died, the others are full) would wait forever."""
+        self._revive(workers)
+        if self.gone_workers:
+            raise RunStopped(f"{self._gone()}; stopped in round {self.round + 1}, the last checkpoint kept "
+                             f"(engine.worker_loss=replay); {self._resume_hint()}", "workers_lost")
+        origin = self._rewind("while the run went back to its last checkpoint")
+        print(f"rayfed: worker {', '.join(map(str, workers))} died in round {self.round + 1}; went back to {origin} "
+              f"and running the rounds since again (engine.worker_loss=replay)", file=sys.stderr)
+
+    def _rewind(self, moment: str) -> str:
+        """A new server from the last checkpoint (or from the start), every worker's clients back to it, and
+        the rounds since forgotten: they run again. A fresh server, not a restored one, so that nothing a
+        snapshot leaves out survives the rounds that are replayed. Returns where the run went back to."""
         checkpoint = self._last_checkpoint()
         try:
             self.engine.recreate_server()
             self._go_back_to(checkpoint)
         except WorkersGone:
-            workers = ", ".join(map(str, sorted(self.gone_workers)))
-            raise RunStopped(f"worker {workers} died more than engine.worker_max_restarts="
-                             f"{self.config.engine.worker_max_restarts} times while the server was being recreated; "
-                             f"{self._resume_hint()}", "workers_lost") from None
+            raise RunStopped(f"{self._gone()} {moment}; {self._resume_hint()}", "workers_lost") from None
         restart = checkpoint.rounds_completed if checkpoint is not None else 0
         del self.history[restart:]
         self.stop = None
         self.callbacks.rewind(self.view, restart)
         self.revived_between_rounds = []
-        origin = f"the checkpoint of round {restart}" if checkpoint is not None else "the start"
-        print(f"rayfed: the server actor died in round {self.round + 1}; recreated it from {origin} and running the "
-              f"rounds since again", file=sys.stderr)
+        return f"the checkpoint of round {restart}" if checkpoint is not None else "the start"
 
     def _final_state(self) -> dict:
         engine = self.engine

@@ -47,6 +47,12 @@ def trial_bundles(config: Config) -> list[dict[str, float]]:
             *[bundle(engine.worker_cpus, engine.worker_gpus)] * engine.num_workers]
 
 
+def trial_resources(config: Config) -> tune.PlacementGroupFactory:
+    """The trial's placement group: its actors join it, so it places them as engine.placement says."""
+    strategy = "SPREAD" if config.engine.placement == "spread" else "PACK"
+    return tune.PlacementGroupFactory(trial_bundles(config), strategy=strategy)
+
+
 def trial_status(run_dir: Path) -> str | None:
     """The status summary.json gives the trial's run, or None when it has none."""
     summary = read_summary(run_dir)
@@ -137,8 +143,8 @@ def _run_trials(sweep: Sweep, pending: list[Trial], sweep_dir: Path, progress: b
         specs = [{"name": trial.name, "base": str(sweep_dir / "base.yaml"), "overrides": list(trial.overrides),
                   "run_dir": str(sweep_dir / "trials" / trial.name), "cwd": os.getcwd(), "environment": environment}
                  for trial in pending]
-        trainable = tune.with_resources(run_trial, lambda tune_config: tune.PlacementGroupFactory(
-            trial_bundles(by_name[tune_config["spec"]["name"]].config)))
+        trainable = tune.with_resources(run_trial, lambda tune_config: trial_resources(
+            by_name[tune_config["spec"]["name"]].config))
         tuner = tune.Tuner(
             trainable, param_space={"spec": tune.grid_search(specs)},
             tune_config=tune.TuneConfig(trial_dirname_creator=lambda trial: trial.config["spec"]["name"][:100]),

@@ -1,0 +1,129 @@
+"""The ray engine on several nodes: a ray.cluster_utils.Cluster on this machine, each node a raylet
+with its own object store. Workers spread over the nodes, the data and a file plugin reach every
+node, the run has the local engine's bits, and a node removed mid-run is survived.
+
+Each cluster runs in a process of its own (tests/multinode_run.py): a process holds one Ray
+connection, and the session's `ray_cluster` holds this one's."""
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rayfed.checkpoint import read_checkpoint
+from tests.test_engine_equivalence import SYNTHETIC_MLP, without_wall_clock
+from tests.test_faults import assert_mifa_invariant
+from tests.test_plugins import EXAMPLE, RUN as PLUGIN_RUN
+
+pytestmark = pytest.mark.slow
+
+REPOSITORY = Path(__file__).parents[1]
+MIFA = SYNTHETIC_MLP + ["algorithm.name=mifa", "train.rounds=5", "train.checkpoint_every=2"]
+
+
+def run_on_cluster(tmp_path, overrides, ray_overrides, head_cpus, node_cpus, remove_node_at_checkpoint=None,
+                   revive_timeout_s=None, resume_on_new_node=None, delete=()):
+    """The run on the local engine and on a cluster of 1 + len(node_cpus) nodes; returns both results,
+    what the cluster saw (its nodes, where each worker and server ran) and the cluster process's stderr."""
+    spec = {"overrides": overrides, "ray_overrides": ray_overrides, "head_cpus": head_cpus, "node_cpus": node_cpus,
+            "remove_node_at_checkpoint": remove_node_at_checkpoint, "revive_timeout_s": revive_timeout_s,
+            "resume_on_new_node": resume_on_new_node, "delete": [str(path) for path in delete],
+            "out": str(tmp_path)}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    completed = subprocess.run([sys.executable, "-m", "tests.multinode_run", str(tmp_path / "spec.json")],
+                               cwd=REPOSITORY, capture_output=True, text=True, timeout=240)
+    assert completed.returncode == 0, completed.stderr[-5000:]
+    local, ray = (torch.load(tmp_path / f"{name}.pt", weights_only=False) for name in ("local", "ray"))
+    return local, ray, json.loads((tmp_path / "cluster.json").read_text()), completed.stderr
+
+
+def assert_same_bits(local, ray):
+    assert torch.equal(local["params"], ray["params"])
+    assert torch.equal(local["buffers"], ray["buffers"])
+    assert without_wall_clock(local["history"]) == without_wall_clock(ray["history"])
+
+
+def test_two_nodes_spread_workers_and_give_the_local_bits(tmp_path):
+    """Two CPUs a node: Ray's SPREAD strategy, not a full node, sends the second worker to the other node,
+    which reads the data from its own object store."""
+    local, ray, cluster, _ = run_on_cluster(tmp_path, SYNTHETIC_MLP,
+                                            ["engine.num_workers=2", "engine.placement=spread"],
+                                            head_cpus=2, node_cpus=[2])
+    assert sorted(worker["node"] for worker in cluster["workers"]) == sorted(cluster["nodes"])
+    assert cluster["servers"] == [cluster["nodes"][0]]      # on the driver's node
+    assert_same_bits(local, ray)
+
+
+def test_three_nodes_run_a_file_plugin_that_exists_only_where_the_driver_loaded_it(tmp_path):
+    """The plugin's algorithm and model train on every node; its file is deleted once the driver has
+    loaded it, so the workers can only have it from the driver, by value."""
+    plugin = tmp_path / "my_plugins.py"
+    shutil.copy(EXAMPLE, plugin)
+    overrides = [f"plugins=[{plugin}]" if entry.startswith("plugins=") else entry for entry in PLUGIN_RUN]
+    local, ray, cluster, _ = run_on_cluster(tmp_path, overrides, ["engine.num_workers=3", "engine.placement=spread"],
+                                            head_cpus=1, node_cpus=[1, 1], delete=[plugin])
+    assert not plugin.exists()
+    assert sorted(worker["node"] for worker in cluster["workers"]) == sorted(cluster["nodes"])
+    assert local["history"][-1]["test_accuracy"] > 0.5
+    assert_same_bits(local, ray)
+
+
+def test_a_node_removed_mid_run_is_replayed_from_the_checkpoint_to_the_uninterrupted_bits(tmp_path):
+    """engine.worker_loss=replay: the round in which the node's worker died runs again from the
+    checkpoint of round 2, with the worker restarted on the head's spare CPU."""
+    local, ray, cluster, stderr = run_on_cluster(
+        tmp_path, MIFA, ["engine.num_workers=2", "engine.placement=spread", "engine.worker_loss=replay"],
+        head_cpus=2, node_cpus=[1], remove_node_at_checkpoint=2)
+    assert_node_gone_and_worker_revived(cluster)
+    assert re.search(r"^rayfed: worker [01] died in round 3; went back to the checkpoint of round 2 and running the "
+                     r"rounds since again \(engine.worker_loss=replay\)$", stderr, re.MULTILINE), stderr[-3000:]
+    # a fresh server on the driver's node, from the checkpoint
+    assert cluster["servers"] == [cluster["nodes"][0]] * 2
+    assert_same_bits(local, ray)
+
+
+def test_a_node_removed_with_no_room_left_stops_with_one_line_and_resumes_to_the_uninterrupted_bits(tmp_path):
+    """Two one-CPU nodes, two workers: the removed node's worker has nowhere to go. The run stops
+    with one line, keeping the checkpoint of round 2; resumed once a new node joined, it ends with
+    the bits of an uninterrupted run."""
+    local, ray, cluster, _ = run_on_cluster(
+        tmp_path, MIFA, ["engine.num_workers=2", "engine.placement=spread", "engine.worker_loss=replay"],
+        head_cpus=1, node_cpus=[1], remove_node_at_checkpoint=2, revive_timeout_s=3, resume_on_new_node=1)
+    assert re.fullmatch(r"worker [01] died and Ray found no node with room to restart it within 3 s; stopped in "
+                        r"round 3, the last checkpoint kept \(engine.worker_loss=replay\); resume from the last "
+                        rf"checkpoint with: rayfed run --resume {tmp_path / 'ray'}", cluster["stopped"])
+    head, removed, added = cluster["nodes"]
+    assert removed == cluster["removed"]
+    resumed_workers = [worker["node"] for worker in cluster["workers"] if worker["restarts"] == 0][-2:]
+    assert sorted(resumed_workers) == sorted([head, added])
+    assert_same_bits(local, ray)
+
+
+def test_a_node_removed_mid_run_loses_its_workers_clients_for_one_round_and_goes_on(tmp_path):
+    """engine.worker_loss=continue (the default): as when a worker dies on one node, the round completes
+    without the dead worker's clients, whose states come back from the checkpoint of round 2."""
+    local, ray, cluster, _ = run_on_cluster(tmp_path, MIFA, ["engine.num_workers=2", "engine.placement=spread"],
+                                            head_cpus=2, node_cpus=[1], remove_node_at_checkpoint=2)
+    assert_node_gone_and_worker_revived(cluster)
+    history = ray["history"]
+    assert without_wall_clock(history[:2]) == without_wall_clock(local["history"][:2])
+    assert list(history[2]["failed_workers"].values()) == ["died"]
+    assert history[2]["num_lost"] > 0 and history[2]["num_participants"] == 7 - history[2]["num_lost"]
+    assert history[2]["client_states_after_restart"] == "restored from the checkpoint of round 2"
+    assert [m["round"] for m in history] == [1, 2, 3, 4, 5]
+    assert all("failed_workers" not in m and m["num_participants"] == 7 for m in history[3:])
+    assert cluster["servers"] == [cluster["nodes"][0]]
+    assert read_checkpoint(tmp_path / "ray").rounds_completed == 4
+    assert_mifa_invariant(tmp_path / "ray")
+
+
+def assert_node_gone_and_worker_revived(cluster):
+    """The removed node held one worker; Ray restarted it once, on the head's spare CPU."""
+    removed = cluster["removed"]
+    assert removed == cluster["nodes"][1]
+    assert sorted(worker["restarts"] for worker in cluster["workers"]) == [0, 1]
+    assert [worker["node"] for worker in cluster["workers"]] == [cluster["nodes"][0]] * 2
