@@ -6,6 +6,7 @@ import torch
 from rayfed.config import Config
 from rayfed.data import Dataset, Partition
 from rayfed.engine.loop import InlineHandle
+from rayfed.engine.process_memory import own_pss
 from rayfed.engine.server import Server, clients_train_data
 from rayfed.engine.worker import ClientWorker
 from rayfed.faults import Fault
@@ -31,6 +32,9 @@ class LocalEngine:
 
     def revive(self, workers: list[int], faults: dict[int, Fault]) -> tuple[list[int], list[int]]:
         return workers, []
+
+    def process_pss(self) -> dict[str, int] | None:
+        return own_pss("driver")
 
     def recreate_server(self) -> None:
         self.server = InlineHandle(self.new_server())

@@ -21,6 +21,7 @@ from ray._private import state as ray_state
 from rayfed.config import Config
 from rayfed.data import Dataset, Partition
 from rayfed.engine.lost import ServerLost, WorkerLost
+from rayfed.engine.ray_memory import MemoryProbe, run_pss
 from rayfed.engine.server import Server, clients_train_data
 from rayfed.engine.worker import ClientWorker
 from rayfed.errors import ConfigError, first_line
@@ -50,7 +51,7 @@ class WorkerRestarted(Exception):
         self.worker_index = worker_index
 
 
-class RayClientWorker:
+class RayClientWorker(MemoryProbe):
     """A ClientWorker as a restartable Ray actor. Its constructor takes no objects from the store
     (Ray cannot guarantee those for a restart, and says so on every run, ray#53727): the engine
     hands it the shared data with `attach`, after creation and again after a restart. Every
@@ -90,7 +91,7 @@ class RayClientWorker:
         enact(fault)
 
 
-class RayServer(Server):
+class RayServer(Server, MemoryProbe):
     def __init__(self, plugins: list[Entry], *arguments):
         install_plugins(plugins)
         super().__init__(*arguments)
@@ -229,6 +230,9 @@ class RayEngine:
             return True
         except ACTOR_LOST:
             return False
+
+    def process_pss(self) -> dict[str, int] | None:
+        return run_pss(self.server.actor, [handle.actor for handle in self.workers])
 
     def recreate_server(self) -> None:
         ray.kill(self.server.actor, no_restart=True)
