@@ -137,14 +137,20 @@ class RayEngine:
         # Held for the engine's lifetime: a restarted worker is attached to these same objects.
         self.train_ref = train_ref = ray.put((dataset.train_x, dataset.train_y))
         self.partition_ref = partition_ref = ray.put(partition)
+        test_ref = ray.put((dataset.test_x, dataset.test_y))
+        # The driver goes on with the store's copy instead of its own: the node holds the data once.
+        (dataset.train_x, dataset.train_y), (dataset.test_x, dataset.test_y) = ray.get([train_ref, test_ref])
         # The server works while the workers wait for the next round, so it reserves no CPU:
         # otherwise P one-CPU workers could not all be placed on a P-core machine. Ray does not
         # restart it: the engine recreates it from the last checkpoint (recreate_server).
         server_actor = ray.remote(RayServer).options(num_cpus=0, num_gpus=engine.server_gpus, max_restarts=0)
         # The plugins' registrations go to every actor, installed before it builds anything.
         plugins = shippable_plugins()
-        server_arguments = (plugins, config, (dataset.test_x, dataset.test_y), dataset.input_shape, dataset.num_classes,
-                            client_systems, clients_train_data(config, (dataset.train_x, dataset.train_y), partition))
+        # References, not values: Ray would store a copy of the values for each server it creates,
+        # and the driver would keep its own for the engine's lifetime.
+        clients_train_ref = ray.put(clients_train_data(config, (dataset.train_x, dataset.train_y), partition))
+        server_arguments = (plugins, config, test_ref, dataset.input_shape, dataset.num_classes, client_systems,
+                            clients_train_ref)
         self.new_server = lambda: RemoteHandle(server_actor.remote(*server_arguments))
         worker_actor = ray.remote(RayClientWorker).options(num_cpus=engine.worker_cpus, num_gpus=engine.worker_gpus,
                                                            max_restarts=engine.worker_max_restarts)
