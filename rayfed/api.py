@@ -168,6 +168,8 @@ def _summary(config: Config, supervisor: Supervisor, final: dict, started: float
         "startup_time_s": startup_s,
         "data_time_s": data_time_s,
         "peak_rss_bytes": total_peak_rss([peak_rss(), *final["peaks"]]),
+        "peak_pss_bytes": final["peak_pss_bytes"],
+        "pss_by_process": final["pss_by_process"],
         "num_params": int(final["params"].numel()),
         "server_state_bytes": final["server_state_bytes"],
         "client_state_bytes": final["client_state_bytes"],

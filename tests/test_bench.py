@@ -8,7 +8,7 @@ import torch
 import rayfed
 from rayfed.api import load_data
 from rayfed.bench.plain_loop import PlainFedAvg
-from rayfed.bench.runner import bench
+from rayfed.bench.runner import bench, format_table
 from rayfed.bench.workloads import workload_config
 from rayfed.cli import main
 
@@ -45,6 +45,10 @@ def test_bench_reports_ratios_phases_and_memory(tmp_path):
     assert local["vs_plain"] == pytest.approx(local["round_s"] / rows["plain"]["round_s"])
     assert set(local["phases_s"]) == {"sample", "broadcast", "train", "upload", "server_step", "eval", "other"}
     assert local["phases_s"]["train"] > 0 and local["peak_rss_bytes"] > 2**20
+    # PSS (sampled) at most peak RSS; one process each
+    for row in (rows["plain"], local):
+        assert 2**20 < row["peak_pss_bytes"] <= row["peak_rss_bytes"]
+    assert list(local["pss_by_process"]) == ["driver"]
     # 6 of 40 clients per round, each downloading and uploading the 610-float model
     assert local["bytes_per_round"] == 6 * 2 * 610 * 4
 
@@ -78,5 +82,15 @@ def test_bad_bench_arguments_fail_with_one_line_before_any_work(tmp_path, capsys
 def test_bench_writes_its_table_as_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert main(["bench", "tiny", *SMALL, "--engines", "local", "--rounds", "5", "--json", str(out)]) == 0
-    assert "vs plain" in capsys.readouterr().out
-    assert json.loads(out.read_text())["workloads"]["tiny"]["local"]["rounds_per_s"] > 0
+    header, = [line for line in capsys.readouterr().out.splitlines() if "vs plain" in line]
+    assert "RSS MiB  PSS MiB" in header
+    local = json.loads(out.read_text())["workloads"]["tiny"]["local"]
+    assert local["rounds_per_s"] > 0 and local["peak_pss_bytes"] > 0
+
+
+def test_the_table_shows_no_pss_where_the_kernel_does_not_tell():
+    row = {"round_s": 0.1, "rounds_per_s": 10.0, "vs_plain": 1.0, "startup_s": 1.0, "data_s": 0.5,
+           "peak_rss_bytes": 100 * 2**20, "max_abs_diff_vs_plain": 0.0}
+    lines = format_table("tiny", {"plain": {**row, "peak_pss_bytes": None},
+                                  "local": {**row, "peak_pss_bytes": 60 * 2**20}}).splitlines()
+    assert lines[2].split()[6:8] == ["100", "-"] and lines[3].split()[6:8] == ["100", "60"]

@@ -19,7 +19,7 @@ from tests.test_checkpoint import interrupted
 BASE = {"data": {"num_clients": 20}, "train": {"rounds": 5, "clients_per_round": 4, "eval_every": 1,
                                                "checkpoint_every": 2},
         "model": {"name": "mlp", "hidden_sizes": [16]}, "engine": {"backend": "local"}}
-TIMING_KEYS = ("wall_time_s", "startup_time_s", "data_time_s", "peak_rss_bytes")
+TIMING_KEYS = ("wall_time_s", "startup_time_s", "data_time_s", "peak_rss_bytes", "peak_pss_bytes", "pss_by_process")
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from rayfed.bench.workloads import DESCRIPTIONS, workload_config
-from rayfed.engine.process_memory import peak_rss
+from rayfed.engine.process_memory import PeakPss, own_pss, peak_rss
 
 WARM_UP_ROUNDS = 3
 PHASES = ("sample", "broadcast", "train", "upload", "server_step", "eval")
@@ -40,10 +40,16 @@ def measure_plain(workload: str, rounds: int, overrides: list[str]) -> dict:
     data_time_s = time.perf_counter() - started
     loop = PlainFedAvg(config, dataset, partition)
     startup_s = time.perf_counter() - started
-    round_s = [loop.run_round(round) for round in range(rounds)]
+    # Sampled as a rayfed run samples it; the memory's measurement is outside the timed rounds.
+    memory = PeakPss(lambda: own_pss("plain"))
+    round_s = []
+    for round in range(rounds):
+        round_s.append(loop.run_round(round))
+        memory.at_round_end()
+    memory.sample()
     # The same rounds as rayfed's medians, although the plain loop's last round does not evaluate.
     return {"round_s": _steady_median(round_s), "startup_s": startup_s, "data_s": data_time_s,
-            "peak_rss_bytes": peak_rss()[1], "params": loop.params()}
+            "peak_rss_bytes": peak_rss()[1], "peak_pss_bytes": memory.bytes, "params": loop.params()}
 
 
 def measure_engine(workload: str, rounds: int, overrides: list[str]) -> dict:
@@ -60,7 +66,8 @@ def measure_engine(workload: str, rounds: int, overrides: list[str]) -> dict:
     other = [wall - sum(m["phase_s"][p] for p in PHASES if p != "eval") for wall, m in zip(walls, history)]
     phases["other"] = _steady_median(other)
     return {"round_s": _steady_median(walls), "startup_s": summary["startup_time_s"], "data_s": summary["data_time_s"],
-            "peak_rss_bytes": summary["peak_rss_bytes"], "phases_s": phases,
+            "peak_rss_bytes": summary["peak_rss_bytes"], "peak_pss_bytes": summary["peak_pss_bytes"],
+            "pss_by_process": summary["pss_by_process"], "phases_s": phases,
             "bytes_per_round": statistics.mean(m["bytes_up"] + m["bytes_down"] for m in history),
             "vectorized": summary["vectorized"], "params": result.params.cpu()}
 
@@ -105,6 +112,9 @@ def _reduce(runs: dict[str, list[dict]]) -> dict:
     for name, measured in runs.items():
         row = {key: statistics.median(run[key] for run in measured)
                for key in ("round_s", "startup_s", "data_s", "peak_rss_bytes")}
+        # None without /proc (macOS)
+        pss_values = [run["peak_pss_bytes"] for run in measured]
+        row["peak_pss_bytes"] = None if None in pss_values else statistics.median(pss_values)
         row["rounds_per_s"] = 1.0 / row["round_s"]
         row["vs_plain"] = row["round_s"] / plain_round_s
         row["max_abs_diff_vs_plain"] = max(float((run["params"] - reference).abs().max()) for run in measured)
@@ -113,18 +123,20 @@ def _reduce(runs: dict[str, list[dict]]) -> dict:
             row["phases_s"] = {phase: statistics.median(run["phases_s"][phase] for run in measured)
                                for phase in measured[0]["phases_s"]}
             row["bytes_per_round"] = measured[0]["bytes_per_round"]
+            row["pss_by_process"] = measured[0]["pss_by_process"]
         table[name] = row
     return table
 
 
 def format_table(workload: str, table: dict) -> str:
     phases = (*PHASES, "other")
-    header = (f"{'':<10}{'s/round':>9}{'rounds/s':>9}{'vs plain':>9}{'startup':>9}{'(data)':>8}{'peak MiB':>9}"
-              + "".join(f"{phase[:8]:>9}" for phase in phases) + f"{'MiB/rnd':>9}{'max|dw|':>9}")
+    header = (f"{'':<10}{'s/round':>9}{'rounds/s':>9}{'vs plain':>9}{'startup':>9}{'(data)':>8}{'RSS MiB':>9}"
+              f"{'PSS MiB':>9}" + "".join(f"{phase[:8]:>9}" for phase in phases) + f"{'MiB/rnd':>9}{'max|dw|':>9}")
     lines = [f"{workload}: {DESCRIPTIONS[workload]}", header]
     for name, row in table.items():
         line = (f"{name:<10}{row['round_s']:>9.4f}{row['rounds_per_s']:>9.1f}{row['vs_plain']:>8.2f}x"
-                f"{row['startup_s']:>9.2f}{row['data_s']:>8.2f}{row['peak_rss_bytes'] / 2**20:>9.0f}")
+                f"{row['startup_s']:>9.2f}{row['data_s']:>8.2f}{row['peak_rss_bytes'] / 2**20:>9.0f}"
+                f"{'-' if row['peak_pss_bytes'] is None else format(row['peak_pss_bytes'] / 2**20, '.0f'):>9}")
         if "phases_s" in row:
             line += "".join(f"{row['phases_s'][phase]:>9.4f}" for phase in phases)
             line += f"{row['bytes_per_round'] / 2**20:>9.2f}"

@@ -7,6 +7,7 @@ from rayfed.config import Config
 from rayfed.data import Dataset, Partition
 from rayfed.engine.client_data import worker_data
 from rayfed.engine.loop import InlineHandle
+from rayfed.engine.process_memory import own_pss
 from rayfed.engine.server import Server, clients_train_data
 from rayfed.engine.state_store import IN_MEMORY, StateStorage
 from rayfed.engine.worker import ClientWorker
@@ -34,6 +35,9 @@ class LocalEngine:
 
     def revive(self, workers: list[int], faults: dict[int, Fault]) -> tuple[list[int], list[int]]:
         return workers, []
+
+    def process_pss(self) -> dict[str, int] | None:
+        return own_pss("driver")
 
     def recreate_server(self) -> None:
         self.server = InlineHandle(self.new_server())

@@ -28,6 +28,10 @@ class Engine(Protocol):
 
     def recreate_server(self) -> None: ...
 
+    def process_pss(self) -> dict[str, int] | None:
+        """{name: proportional set size in bytes} of the run's processes now (Ray's daemons
+        included); None where the kernel does not tell."""
+
     def enact(self, target: int, fault: Fault) -> None: ...
 
     def shutdown(self) -> None: ...

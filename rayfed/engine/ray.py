@@ -23,8 +23,10 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayfed.config import Config
 from rayfed.data import Dataset, Partition
+from rayfed.data.lazy import is_lazy
 from rayfed.engine.client_data import worker_data
 from rayfed.engine.lost import ServerLost, WorkerLost
+from rayfed.engine.ray_memory import MemoryProbe, run_pss
 from rayfed.engine.server import Server, clients_train_data
 from rayfed.engine.state_store import SpillFailed, StateStorage
 from rayfed.engine.worker import ClientWorker
@@ -55,7 +57,7 @@ class WorkerRestarted(Exception):
         self.worker_index = worker_index
 
 
-class RayClientWorker:
+class RayClientWorker(MemoryProbe):
     """A ClientWorker as a restartable Ray actor. Its constructor takes no objects from the store
     (Ray cannot guarantee those for a restart, and says so on every run, ray#53727): the engine
     hands it the shared data with `attach`, after creation and again after a restart. Every
@@ -96,7 +98,7 @@ class RayClientWorker:
         enact(fault)
 
 
-class RayServer(Server):
+class RayServer(Server, MemoryProbe):
     def __init__(self, plugins: list[Entry], *arguments):
         install_plugins(plugins)
         super().__init__(*arguments)
@@ -148,13 +150,21 @@ class RayEngine:
         train_data, worker_partition = worker_data(dataset, partition)
         self.train_ref = train_ref = ray.put(train_data)
         self.partition_ref = partition_ref = ray.put(worker_partition)
+        test_ref = ray.put((dataset.test_x, dataset.test_y))
+        # The driver goes on with the store's copy instead of its own: the node holds the data once.
+        stored_train, (dataset.test_x, dataset.test_y) = ray.get([train_ref, test_ref])
+        if not is_lazy(dataset):
+            dataset.train_x, dataset.train_y = stored_train
         # The server works while the workers wait for the next round, so it reserves no CPU:
         # otherwise P one-CPU workers could not all be placed on a P-core machine. Ray does not
         # restart it: the engine recreates it from the last checkpoint (recreate_server).
         server_actor = ray.remote(RayServer).options(num_cpus=0, num_gpus=engine.server_gpus, max_restarts=0,
                                                      **_server_placement(engine.server_gpus))
-        server_arguments = (plugins, config, (dataset.test_x, dataset.test_y), dataset.input_shape, dataset.num_classes,
-                            client_systems, clients_train_data(config, dataset, partition))
+        # References, not values: Ray would store a copy of the values for each server it creates,
+        # and the driver would keep its own for the engine's lifetime.
+        clients_train_ref = ray.put(clients_train_data(config, dataset, partition))
+        server_arguments = (plugins, config, test_ref, dataset.input_shape, dataset.num_classes, client_systems,
+                            clients_train_ref)
         self.new_server = lambda: RemoteHandle(server_actor.remote(*server_arguments))
         worker_actor = ray.remote(RayClientWorker).options(num_cpus=engine.worker_cpus, num_gpus=engine.worker_gpus,
                                                            max_restarts=engine.worker_max_restarts,
@@ -249,6 +259,9 @@ class RayEngine:
             return True
         except ACTOR_LOST:
             return False
+
+    def process_pss(self) -> dict[str, int] | None:
+        return run_pss(self.server.actor, [handle.actor for handle in self.workers])
 
     def recreate_server(self) -> None:
         ray.kill(self.server.actor, no_restart=True)

@@ -30,6 +30,7 @@ from rayfed.config import Config
 from rayfed.engine.extensions import Extension, make_extensions
 from rayfed.engine.loop import Engine, enact_due, play_round
 from rayfed.engine.lost import ServerLost, WorkerLost
+from rayfed.engine.process_memory import PeakPss
 from rayfed.engine.state_store import SpillFailed
 from rayfed.engine.worker import client_owner
 from rayfed.errors import RunStopped, first_line
@@ -70,6 +71,7 @@ class Supervisor:
         # What became of the client states of workers revived between rounds, for the next round's metrics.
         self.revived_between_rounds: list[str] = []
         self.round = 0                  # the round being played: faults are scheduled by it
+        self.memory = PeakPss(engine.process_pss)
 
     def resume_from(self, checkpoint: Checkpoint, lines: list[bytes]) -> None:
         """Continues from `checkpoint`, whose rounds are `lines` of metrics.jsonl: the server and every
@@ -127,6 +129,8 @@ class Supervisor:
         self.history.append(strict_json(metrics))      # as metrics.jsonl and resumed rounds hold it
         # Callbacks get the round's own values: a NaN loss stays a float, where the file has null.
         self.stop = self.callbacks.round_end(self.view, metrics)
+        # Before the idle moment's faults, which may be killing a worker.
+        self.memory.at_round_end()
         if self.gone_workers and not self._all_rounds_done():
             raise WorkersGone()
         for worker in range(len(self.engine.workers)):
@@ -338,11 +342,14 @@ class Supervisor:
         engine = self.engine
         client_state_bytes = sum(self._ask_workers(lambda worker: engine.workers[worker].client_state_bytes()))
         worker_peaks = self._ask_workers(lambda worker: engine.workers[worker].peak_rss())
+        self.memory.sample()
         return {"params": engine.get(engine.server.global_params()),
                 "buffers": engine.get(engine.server.final_buffers()),
                 "server_state_bytes": engine.get(engine.server.state_bytes()),
                 "client_state_bytes": client_state_bytes,
                 "peaks": [engine.get(engine.server.peak_rss()), *worker_peaks],
+                "peak_pss_bytes": self.memory.bytes,
+                "pss_by_process": self.memory.by_process,
                 "server_restarts": self.server_restarts,
                 "summary_extras": engine.get(engine.server.summary_extras())}
 
