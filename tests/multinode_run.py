@@ -28,7 +28,8 @@ OBJECT_STORE_BYTES = 100 * 2**20
 
 def worker_actors() -> list[dict]:
     """Every RayClientWorker the cluster knows, dead ones included: node, state and restarts."""
-    return [{"node": actor["Address"]["NodeID"], "state": actor["State"], "restarts": int(actor.get("NumRestarts", 0))}
+    return [{"id": actor["ActorID"], "node": actor["Address"]["NodeID"], "state": actor["State"],
+             "restarts": int(actor.get("NumRestarts", 0))}
             for actor in ray_state.actors().values() if actor["ActorClassName"] == "RayClientWorker"]
 
 
@@ -75,13 +76,14 @@ def main(spec_path: str) -> None:
         if spec.get("revive_timeout_s") is not None:
             rayfed.engine.ray.REVIVE_TIMEOUT_S = spec["revive_timeout_s"]
         config = rayfed.load_config(None, spec["overrides"] + spec["ray_overrides"] + ["engine.backend=ray"])
-        stopped = None
+        stopped, before_resume = None, []
         try:
             result = rayfed.run(config, run_dir=out / "ray", progress=False, callbacks=callbacks)
         except rayfed.RunStopped as error:
             if spec.get("resume_on_new_node") is None:
                 raise
             stopped = str(error)
+            before_resume = [worker["id"] for worker in worker_actors()]
             node = cluster.add_node(num_cpus=spec["resume_on_new_node"], object_store_memory=OBJECT_STORE_BYTES)
             cluster.wait_for_nodes()
             nodes.append(node.node_id)
@@ -90,7 +92,7 @@ def main(spec_path: str) -> None:
         servers = [actor["Address"]["NodeID"] for actor in ray_state.actors().values()
                    if actor["ActorClassName"] == "RayServer"]
         (out / "cluster.json").write_text(json.dumps({
-            "nodes": nodes, "workers": worker_actors(), "servers": servers,
+            "nodes": nodes, "workers": worker_actors(), "before_resume": before_resume, "servers": servers,
             "removed": callbacks[0].removed if callbacks else None, "stopped": stopped}))
     finally:
         ray.shutdown()
