@@ -177,6 +177,12 @@ def plan_client_states(config, run_dir: Path) -> str | None:
     size, floats = client_state_size(config, model)
     parts = {**estimate_memory(config, model), "client states": size}
     budget = state_budget(config, parts)
+    if config.engine.state_dir:
+        # A directory the user named is one they expect to work, whether or not this run spills.
+        problem = _write_problem(Path(os.path.abspath(config.engine.state_dir)))
+        if problem:
+            raise ConfigError(f"engine.state_dir={config.engine.state_dir} cannot be written ({problem}); choose a "
+                              f"writable directory")
     if size <= budget:
         return None
     directory = Path(os.path.abspath(config.engine.state_dir or run_dir / DEFAULT_STATE_DIR))

@@ -133,10 +133,14 @@ def test_a_state_dir_that_cannot_be_written_is_refused_before_round_1(tmp_path, 
     state_dir = state_dir.format(tmp=tmp_path)
     assert main(["run", *LOCAL, "algorithm.name=scaffold", *SPILL, f"engine.state_dir={state_dir}",
                  "--out", str(tmp_path / "run")]) == 2
-    assert capsys.readouterr().err == (
-        f"rayfed: error: client states need 0.1 MB, more than engine.state_memory_mb=0, and spill to "
-        f"engine.state_dir={state_dir}, which cannot be written ({problem.format(tmp=tmp_path)}); choose a writable "
-        f"engine.state_dir\n")
+    refusal = (f"rayfed: error: engine.state_dir={state_dir} cannot be written ({problem.format(tmp=tmp_path)}); "
+               f"choose a writable directory\n")
+    assert capsys.readouterr().err == refusal
+    assert not (tmp_path / "run").exists()
+    # Named, it is checked even when the states fit in memory and would not use it.
+    assert main(["run", *LOCAL, "algorithm.name=scaffold", f"engine.state_dir={state_dir}",
+                 "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == refusal
     assert not (tmp_path / "run").exists()
 
 
