@@ -18,7 +18,7 @@ from rayfed.algorithms.base import Algorithm
 from rayfed.callbacks import Callback
 from rayfed.checkpoint import read_checkpoint
 from rayfed.cli import main
-from rayfed.engine.state_store import Codec, MemoryStore, SpilledStore
+from rayfed.engine.state_store import MemoryStore, RowCodec, SpilledStore
 from tests.test_checkpoint import ROUNDS, flip_byte, interrupted
 from tests.test_engine_equivalence import SYNTHETIC_MLP, assert_same_run
 from tests.test_plugins import forget_plugins
@@ -197,7 +197,7 @@ def same_state(a, b, transient=True):
 
 
 def store(kind, path=None):
-    codec = Codec(TrackedAlgorithm(), "tracked", 3 + 1)       # (3,) float32 and (2,) bfloat16: 4 floats' bytes
+    codec = RowCodec(TrackedAlgorithm(), "tracked", 3 + 1)       # (3,) float32 and (2,) bfloat16: 4 floats' bytes
     if kind == "memory":
         return MemoryStore(codec, torch.device("cpu"))
     return SpilledStore(path, codec, torch.device("cpu"), num_clients=20, worker_index=1, num_workers=2)

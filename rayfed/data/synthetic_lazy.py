@@ -8,15 +8,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from rayfed.data.base import register_dataset
-from rayfed.data.datasets import (SYNTHETIC_CLASSES, SYNTHETIC_DIMENSION, SYNTHETIC_MIN_SAMPLES,
-                                  SYNTHETIC_TRAIN_FRACTION)
+from rayfed.data.datasets import (SYNTHETIC_CLASSES, SYNTHETIC_DIMENSION, SYNTHETIC_FEATURE_STDS,
+                                  SYNTHETIC_MIN_SAMPLES, SYNTHETIC_SIZE_LOG_MEAN, SYNTHETIC_SIZE_LOG_SIGMA,
+                                  check_synthetic, synthetic_train_sizes)
 from rayfed.data.lazy import LazyDataset
-from rayfed.errors import ConfigError
 from rayfed.seeding import Purpose, derive_seed, numpy_rng
 from rayfed.systems.counter_random import uniform
 
-# FedProx's client sizes: floor(lognormal(4, 2)) + 50 samples.
-SIZE_LOG_MEAN, SIZE_LOG_SIGMA = 4.0, 2.0
 # Sub-streams of (seed, SYNTHETIC_DATA, *, client): each client's model and samples, and the test clients' draw.
 CLIENT_STREAM = 1
 TEST_CLIENTS_STREAM = 2
@@ -31,7 +29,7 @@ def size_thresholds(max_samples: int) -> np.ndarray:
     it) where the table ends. Entries that round to 1 can never be reached and are left out."""
     thresholds = []
     for m in range(max(0, max_samples - SYNTHETIC_MIN_SAMPLES)):
-        z = (math.log(m + 1) - SIZE_LOG_MEAN) / SIZE_LOG_SIGMA
+        z = (math.log(m + 1) - SYNTHETIC_SIZE_LOG_MEAN) / SYNTHETIC_SIZE_LOG_SIGMA
         threshold = 0.5 * math.erfc(-z / math.sqrt(2))
         if threshold >= 1.0:
             break
@@ -64,7 +62,7 @@ class SyntheticClients:
         sizes = np.empty(self.num_clients, dtype=np.int32)
         for first in range(0, self.num_clients, SIZE_CHUNK):
             ids = np.arange(first, min(first + SIZE_CHUNK, self.num_clients), dtype=np.uint64)
-            sizes[first:first + len(ids)] = _train_sizes(self.total_sizes(ids))
+            sizes[first:first + len(ids)] = synthetic_train_sizes(self.total_sizes(ids))
         return sizes
 
     def samples(self, client_id: int, size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -81,8 +79,7 @@ class SyntheticClients:
         model = standard[:model_draws] + weight_mean
         weights = model[:SYNTHETIC_DIMENSION * SYNTHETIC_CLASSES].reshape(SYNTHETIC_DIMENSION, SYNTHETIC_CLASSES)
         bias = model[SYNTHETIC_DIMENSION * SYNTHETIC_CLASSES:]
-        feature_stds = np.arange(1, SYNTHETIC_DIMENSION + 1, dtype=np.float64) ** -0.6   # sqrt of j^-1.2
-        features = feature_mean + standard[model_draws:].reshape(size, SYNTHETIC_DIMENSION) * feature_stds
+        features = feature_mean + standard[model_draws:].reshape(size, SYNTHETIC_DIMENSION) * SYNTHETIC_FEATURE_STDS
         # softmax is monotone, so FedProx's argmax(softmax(.)) is the argmax of the logits
         labels = np.argmax(features @ weights + bias, axis=1)
         return features.astype(np.float32), labels.astype(np.int64)
@@ -90,7 +87,7 @@ class SyntheticClients:
     def client(self, client_id: int) -> tuple[np.ndarray, np.ndarray]:
         """The client's training samples: the first 90% of them."""
         features, labels = self.samples(client_id)
-        train = int(_train_sizes(np.array([len(labels)]))[0])
+        train = int(synthetic_train_sizes(np.array([len(labels)]))[0])
         return features[:train], labels[:train]
 
     def test_clients(self, count: int) -> np.ndarray:
@@ -102,7 +99,7 @@ class SyntheticClients:
         clients = self.test_clients(count)
         sizes = self.total_sizes(clients)
         xs, ys = [], []
-        for client_id, size, train in zip(clients.tolist(), sizes.tolist(), _train_sizes(sizes).tolist()):
+        for client_id, size, train in zip(clients.tolist(), sizes.tolist(), synthetic_train_sizes(sizes).tolist()):
             features, labels = self.samples(client_id, size)
             xs.append(features[train:])
             ys.append(labels[train:])
@@ -113,11 +110,6 @@ class SyntheticClients:
 def _size_key(seed: int) -> int:
     """The key of the sizes' counter-based uniforms: the stream (seed, SYNTHETIC_DATA)."""
     return derive_seed(seed, Purpose.SYNTHETIC_DATA)
-
-
-def _train_sizes(total: np.ndarray) -> np.ndarray:
-    """As `synthetic` splits a client: its first 90% train, the rest (at least one sample) test."""
-    return (SYNTHETIC_TRAIN_FRACTION * np.asarray(total, dtype=np.int64)).astype(np.int64)
 
 
 @register_dataset("synthetic_lazy", input_shape=(SYNTHETIC_DIMENSION,), num_classes=SYNTHETIC_CLASSES,
@@ -147,11 +139,7 @@ def _synthetic_lazy(data, seed: int) -> LazyDataset:
       (rayfed.data.lazy.TRAIN_LOSS_MAX_CLIENTS), and partition.csv holds sizes only (no class counts),
       and only up to 100,000 clients.
     """
-    if data.num_clients < 1:
-        raise ConfigError(f"data.num_clients={data.num_clients} must be at least 1")
-    if data.synthetic_alpha < 0 or data.synthetic_beta < 0:
-        raise ConfigError(f"data.synthetic_alpha={data.synthetic_alpha} and data.synthetic_beta="
-                          f"{data.synthetic_beta} must both be >= 0")
+    check_synthetic(data.num_clients, data.synthetic_alpha, data.synthetic_beta)
     source = SyntheticClients(seed, data.num_clients, data.synthetic_alpha, data.synthetic_beta,
                               data.synthetic_max_samples)
     test_x, test_y = source.test_set(data.synthetic_test_clients)

@@ -133,7 +133,7 @@ class StateLayout:
         return cls(saved["cls"], fields, saved["row_bytes"])
 
 
-class Codec:
+class RowCodec:
     """Rows to and from states of one algorithm: its layout, learned from a first state (or read
     from a checkpoint) and checked against what the algorithm declares."""
 
@@ -253,7 +253,7 @@ class Codec:
 class MemoryStore:
     """Today's dict of client states: the default, and what a run whose states fit its budget uses."""
 
-    def __init__(self, codec: Codec, device: torch.device):
+    def __init__(self, codec: RowCodec, device: torch.device):
         self.codec = codec
         self.device = device
         self.states: dict[int, Any] = {}
@@ -286,7 +286,7 @@ class MemoryStore:
 class SpilledStore:
     """The states of one worker's clients as rows of one file (see the module's docstring)."""
 
-    def __init__(self, path: Path, codec: Codec, device: torch.device, num_clients: int, worker_index: int,
+    def __init__(self, path: Path, codec: RowCodec, device: torch.device, num_clients: int, worker_index: int,
                  num_workers: int):
         self.path = path
         self.codec = codec
@@ -396,19 +396,12 @@ class SpilledStore:
         self._reset()
         if shard is not None and shard["layout"] is not None:
             self.codec.adopt(StateLayout.from_dict(shard["layout"]))
-            source = Path(shard["path"])
-            row_bytes = self.codec.layout.row_bytes
-            size = shard["rows"] * row_bytes
-            digest = hashlib.sha256()
-            with open(source, "rb") as file:
-                for start in range(0, size, COPY_CHUNK_BYTES):
-                    part = file.read(min(COPY_CHUNK_BYTES, size - start))
-                    digest.update(part)
+            try:
+                for start, part in _verified_parts(shard, self.codec.layout.row_bytes):
                     self._write(np.frombuffer(part, np.uint8), start)
-                trailing = file.read(1)
-            if digest.hexdigest() != shard["sha256"] or trailing:
+            except ConfigError:
                 self._reset()
-                raise ConfigError(damaged_shard(source))
+                raise
             clients = shard["clients"].numpy()
             self.clients, self.nones, self.count = clients.copy(), shard["nones"].numpy().copy(), len(clients)
             self._index()[clients // self.num_workers] = np.arange(len(clients))
@@ -480,26 +473,39 @@ ClientStateStore = MemoryStore | SpilledStore
 
 def open_store(storage: StateStorage, algorithm: Algorithm, name: str, declared_floats: int, num_clients: int,
                worker_index: int, num_workers: int, device: torch.device) -> ClientStateStore:
-    codec = Codec(algorithm, name, declared_floats)
+    codec = RowCodec(algorithm, name, declared_floats)
     if not storage.spilled:
         return MemoryStore(codec, device)
     return SpilledStore(storage.shard_path(worker_index, num_workers), codec, device, num_clients, worker_index,
                         num_workers)
 
 
-def read_shard(shard: dict, codec: Codec, device: torch.device) -> Iterator[tuple[int, Any]]:
+def read_shard(shard: dict, codec: RowCodec, device: torch.device) -> Iterator[tuple[int, Any]]:
     """A checkpoint's spilled shard as (client, state) in row order, for a worker that keeps its
     states in memory; the digest is checked before the last state is given."""
     if shard["layout"] is None:
         return
     codec.adopt(StateLayout.from_dict(shard["layout"]))
-    source = Path(shard["path"])
-    data = bytearray(source.read_bytes())
-    if hashlib.sha256(data).hexdigest() != shard["sha256"] or len(data) != shard["rows"] * codec.layout.row_bytes:
-        raise ConfigError(damaged_shard(source))
+    data = bytearray(b"".join(part for _, part in _verified_parts(shard, codec.layout.row_bytes)))
     nones = shard["nones"].numpy()
     for row, client in enumerate(shard["clients"].tolist()):
         yield client, codec.decode(data, row * codec.layout.row_bytes, nones[row], device)
+
+
+def _verified_parts(shard: dict, row_bytes: int) -> Iterator[tuple[int, bytes]]:
+    """A checkpoint's copy of a shard as (offset, bytes) parts; after the last, a ConfigError of one
+    line when its bytes are not those checkpoint.pt records (changed, cut short or grown)."""
+    source = Path(shard["path"])
+    size = shard["rows"] * row_bytes
+    digest = hashlib.sha256()
+    with open(source, "rb") as file:
+        for start in range(0, size, COPY_CHUNK_BYTES):
+            part = file.read(min(COPY_CHUNK_BYTES, size - start))
+            digest.update(part)
+            yield start, part
+        trailing = file.read(1)
+    if digest.hexdigest() != shard["sha256"] or trailing:
+        raise ConfigError(damaged_shard(source))
 
 
 def damaged_shard(path: Path) -> str:
