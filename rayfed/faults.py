@@ -90,6 +90,10 @@ class FaultSchedule:
             self.pending.remove(entry)
         return [entry[3] for entry in due]
 
+    def awaits(self, round: int, moment: str) -> bool:
+        """Whether a fault of any target is still to strike at `moment` of `round`."""
+        return any(entry[1:3] == (round, moment) for entry in self.pending)
+
     def unfired(self) -> list[str]:
         """Entries whose moment never came (a worker with no clients that round, a round without a
         checkpoint): a test that relied on one must not pass silently."""

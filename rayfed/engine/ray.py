@@ -3,7 +3,8 @@
 The dataset and the partition are put in the object store once and read zero-copy by every
 actor on a node (an on-demand dataset's source instead, a few numbers). Each round the broadcast
 is stored once by the server actor and read by all workers; uploads go from the worker actors
-straight to the server actor.
+straight to the server actor, whose step the driver sends before they arrive and which plans the
+next round (rayfed.engine.loop).
 """
 from __future__ import annotations
 
@@ -102,6 +103,12 @@ class RayServer(Server, MemoryProbe):
     def __init__(self, plugins: list[Entry], *arguments):
         install_plugins(plugins)
         super().__init__(*arguments)
+
+    @ray.method(num_returns=2)
+    def step_and_plan_next(self, *arguments, **keywords):
+        """Two objects: the driver reads the metrics and the plan, and hands the workers the
+        broadcast's reference, so it goes from the server's store to theirs."""
+        return super().step_and_plan_next(*arguments, **keywords)
 
     def enact(self, fault: Fault) -> None:
         enact(fault)
@@ -207,9 +214,12 @@ class RayEngine:
                    if _actor_state(handle.actor) != ("ALIVE", self.restarts_seen[index])]
         return WorkerLost(changed) if changed else error
 
-    def settle(self, calls: dict[int, tuple]) -> tuple[dict[int, Any], dict[int, str]]:
+    def settle(self, calls: dict[int, tuple], wait: bool) -> tuple[dict[int, Any], dict[int, str]]:
         """Waits up to engine.round_timeout_s for the workers' statuses; returns the delivered results
-        by worker, and the workers that were late or died this round."""
+        by worker, and the workers that were late or died this round. Without `wait` and a timeout,
+        every worker's result, unresolved: whoever uses them waits for them."""
+        if not wait and self.round_timeout_s is None:
+            return {worker: result for worker, (_, result) in calls.items()}, {}
         worker_of = {status: worker for worker, (status, _) in calls.items()}
         ready, _ = ray.wait(list(worker_of), num_returns=len(worker_of), timeout=self.round_timeout_s)
         delivered, failed = {}, {worker: "late" for worker in calls}
@@ -316,6 +326,14 @@ def _actor_state(actor) -> tuple[str, int]:
     return entry.get("State", "UNKNOWN"), int(entry.get("NumRestarts", 0))
 
 
+# How rayfed starts a private Ray instance. Its worker processes import rayfed (and so torch) while
+# they wait for work, so that creating an actor is its constructor, not seconds of imports; and a
+# message up to 1 MiB (a small model's broadcast and a worker's uploads) travels with the call
+# instead of through the object store, a few ms less per round on a small machine. On a cluster
+# that rayfed joins, `ray start` sets these (docs/tutorials/cluster.md).
+PRIVATE_RAY_CONFIG = {"preload_python_modules": ["rayfed.engine.ray"], "max_direct_call_object_size": 2**20}
+
+
 def connect_ray(address: str | None, cpus_needed: float, timeout_s: float) -> bool:
     """Joins the cluster at `address` (or RAY_ADDRESS, as under `ray job submit`), reuses a Ray
     already initialised in this process, or starts a private local instance. Returns whether
@@ -337,7 +355,8 @@ def connect_ray(address: str | None, cpus_needed: float, timeout_s: float) -> bo
             return True
         # A private instance sized so that all workers fit even when they oversubscribe the cores.
         num_cpus = max(os.cpu_count() or 1, int(cpus_needed + 0.999))
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **quiet)
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _system_config=PRIVATE_RAY_CONFIG,
+                 **quiet)
         return True
     finally:
         if threading.current_thread() is threading.main_thread() and sigterm_handler is not None:

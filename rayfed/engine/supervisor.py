@@ -28,7 +28,7 @@ from rayfed.checkpoint import (Checkpoint, config_sha256, has_checkpoint, read_c
                                write_checkpoint)
 from rayfed.config import Config
 from rayfed.engine.extensions import Extension, make_extensions
-from rayfed.engine.loop import Engine, enact_due, play_round
+from rayfed.engine.loop import Engine, RoundStart, enact_due, play_round
 from rayfed.engine.lost import ServerLost, WorkerLost
 from rayfed.engine.process_memory import PeakPss
 from rayfed.engine.state_store import SpillFailed
@@ -109,14 +109,18 @@ class Supervisor:
         # Asked once: what the run does beyond training, so rounds without it make no extra calls.
         extensions = make_extensions(self.engine.get(self.engine.server.extensions()))
         self._before_rounds(extensions, clients_keep_state)
+        # Local: a server recreated or restored (the exceptions that leave this loop) plans afresh.
+        start = None
         while len(self.history) < self.config.train.rounds and self.stop is None:
-            self._play(len(self.history), clients_keep_state, extensions)
+            start = self._play(len(self.history), clients_keep_state, extensions, start)
         self.final = self._final_state()
         return self.final
 
-    def _play(self, round: int, clients_keep_state: bool, extensions: list[Extension]) -> None:
+    def _play(self, round: int, clients_keep_state: bool, extensions: list[Extension],
+              start: RoundStart | None) -> RoundStart | None:
+        """Plays `round` from `start` (None: the server plans it now); returns what the next round starts from."""
         self.round = round
-        metrics = play_round(self.engine, round, clients_keep_state, self.faults, extensions)
+        metrics, next_start = play_round(self.engine, round, clients_keep_state, self.faults, extensions, start)
         metrics["wall_time_s"] = time.perf_counter() - self.started
         died = [int(worker) for worker, why in metrics.get("failed_workers", {}).items() if why == "died"]
         if died and self._replays():
@@ -135,6 +139,7 @@ class Supervisor:
             raise WorkersGone()
         for worker in range(len(self.engine.workers)):
             enact_due(self.engine, self.faults, worker, round, "idle")
+        return next_start
 
     def _before_rounds(self, extensions: list[Extension], clients_keep_state: bool) -> None:
         """The extensions' steps before round 0 (the selector's warm-up); they start over when a worker dies in them."""

@@ -51,6 +51,11 @@ class SystemsClock:
             wanted = self.async_buffer.free_slots
         return online, wanted
 
+    def samples_purely(self) -> bool:
+        """Whether planning a round leaves the clock as it was: not under async_buffered, whose
+        launches are part of the clock's state."""
+        return self.async_buffer is None
+
     def plan(self, round: int, sampled: np.ndarray, steps: np.ndarray, down_bytes: int) -> RoundPlan:
         """Which of `sampled` (taking `steps` local steps each) will count, from their virtual
         durations; under async_buffered every one is launched and counts when it arrives."""
