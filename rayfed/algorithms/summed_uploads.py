@@ -13,7 +13,7 @@ from rayfed.exact_sum import ExactSum
 @dataclass
 class SummedUploads:
     """sum_i w_i x_i for each upload name over the round's counted clients, exactly (rayfed.exact_sum),
-    with w_i = n_i (`weighting` "sample") or 1 ("uniform"), and the count it is divided by."""
+    with w_i = n_i (`weighting` "num_samples") or 1 ("uniform"), and the count it is divided by."""
 
     sums: dict[str, ExactSum]
     weighting: str

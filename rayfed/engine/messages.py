@@ -147,7 +147,7 @@ class ClientRecord:
 class WorkerSums(ShippedAsNumpy):
     """One worker's clients for one round under engine.partial_sums: per client its sample count,
     metrics and sizes; per upload name one exact sum over the clients (rayfed.exact_sum), weighted by
-    n_i (agg_weighting `sample`) or 1 (`uniform`), and the n_i-weighted sum of their BatchNorm buffers.
+    n_i (agg_weighting `num_samples`) or 1 (`uniform`), and the n_i-weighted sum of their BatchNorm buffers.
     A round then moves one vector's worth per worker and upload name, whatever its number of clients."""
 
     client_ids: list[int]
@@ -178,7 +178,7 @@ class WorkerSums(ShippedAsNumpy):
         if metrics is None:
             stacked = {name: values.tolist() for name, values in upload.metrics.items()}
             metrics = [{name: values[row] for name, values in stacked.items()} for row in range(len(client_ids))]
-        weights = num_samples if weighting == "sample" else 1
+        weights = 1 if weighting == "uniform" else num_samples
         row_bytes = (sum(t[0].numel() * t.element_size() for t in upload.tensors.values())
                      + buffers[0].numel() * buffers.element_size())
         row_floats = sum(t[0].numel() for t in upload.tensors.values()) + buffers[0].numel()
