@@ -49,7 +49,8 @@ def test_linear_algorithms_stay_within_float32_rounding_of_the_per_client_path(t
 
 
 def test_vectorized_clients_are_summed_as_stacked_rows(tmp_path):
-    overrides = SYNTHETIC_MLP + ["engine.backend=local", "engine.vectorize=true", "algorithm.agg_weighting=num_samples"]
+    overrides = [o for o in SYNTHETIC_MLP if not o.startswith("model.")] + [
+        "model.name=logreg", "engine.backend=local", "engine.vectorize=true", "algorithm.agg_weighting=num_samples"]
     summed = run(tmp_path, overrides + PARTIAL, "summed")
     assert summed.summary["vectorized"]
     assert_close_to_per_client(run(tmp_path, overrides, "per_client"), summed)
