@@ -1,6 +1,7 @@
 """What travels between the server and the workers each round."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -189,7 +190,9 @@ class WorkerSums(ShippedAsNumpy):
                    buffers=ExactSum(buffers.shape[1:], buffers.device).add(buffers, num_samples))
 
     def to(self, device: torch.device) -> "WorkerSums":
-        return self
+        """Integer limbs: their sum, and the float read from it, are the same on any device."""
+        return dataclasses.replace(self, sums={name: total.to(device) for name, total in self.sums.items()},
+                                   buffers=self.buffers.to(device))
 
     def unpack(self) -> list[ClientRecord]:
         return [ClientRecord(client_id, Upload({}, self.num_samples[row], self.metrics[row]), self.nbytes[row],
