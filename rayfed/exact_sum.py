@@ -39,7 +39,7 @@ _NAN, _POS_INF, _NEG_INF = 1, 2, 4
 
 
 class ExactSum:
-    """The exact sum of weighted float32 vectors of one shape, on the device of its first term."""
+    """The exact sum of weighted float32 vectors of one shape, held on `device`."""
 
     def __init__(self, shape: torch.Size | tuple[int, ...], device: torch.device | str = "cpu"):
         self.shape = torch.Size(shape)
