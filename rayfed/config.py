@@ -367,6 +367,11 @@ class EngineConfig(_Section):
     `kill_server:ROUND[:WHEN]` ends the server's (ROUND 1-based; see What survives what)."""
     vectorize: Flag = False
     """A worker trains its sampled clients of a round as one batched computation (`torch.func.vmap`): see Performance."""
+    partial_sums: Flag = False
+    """A worker sends one exact sum per upload name over its clients instead of each client's upload, and the server
+    adds the workers' sums: the same bits for any `engine.num_workers` and either backend, within float32 rounding of
+    the default path; for algorithms whose server step only averages the uploads, uniform selection, no compression
+    and a synchronous round policy (see Performance)."""
     state_memory_mb: Optional[number(ge=0.0, le=MAX_STATE_MEMORY_MB)] = None
     """Memory for the clients' persistent states (SCAFFOLD's control variates, MIFA's latest updates, ...), in MB of
     10^6 bytes: when N x the algorithm's floats per client x 4 bytes exceeds it, each worker keeps its clients' states
@@ -632,10 +637,30 @@ def _check_combinations(config: Config) -> None:
     if engine.num_workers > data.num_clients:
         raise ConfigError(f"engine.num_workers={engine.num_workers} exceeds "
                           f"data.num_clients={data.num_clients}; a worker hosts at least one client")
+    if engine.partial_sums:
+        _check_partial_sums(config)
     if train.eval_train_loss and DATASETS.get(data.dataset).lazy and data.num_clients > TRAIN_LOSS_MAX_CLIENTS:
         raise ConfigError(f"train.eval_train_loss evaluates every client's training samples, which "
                           f"data.dataset={data.dataset} makes on demand; with data.num_clients={data.num_clients} "
                           f"(more than {TRAIN_LOSS_MAX_CLIENTS}) set train.eval_train_loss=false")
+
+
+def _check_partial_sums(config: Config) -> None:
+    """engine.partial_sums: the server sees only the sum of each worker's uploads, so whatever needs
+    them one by one is refused."""
+    name = config.algorithm.name
+    if not _algorithm_class(config).linear_uploads:
+        raise ConfigError(f"engine.partial_sums does not apply to {name}, whose server step reads each client's "
+                          f"upload (it applies to: {', '.join(_algorithms_that(lambda cls: cls.linear_uploads))})")
+    if config.compression.name != "identity":
+        raise ConfigError(f"engine.partial_sums needs compression.name=identity, not {config.compression.name}: "
+                          f"compressed messages are decoded one by one on the server")
+    if config.selection.selector != "uniform":
+        raise ConfigError(f"engine.partial_sums needs selection.selector=uniform, not {config.selection.selector}: "
+                          f"its per-client aggregation weights are not integers the workers can sum exactly")
+    if config.train.round_policy == "async_buffered":
+        raise ConfigError("engine.partial_sums does not apply with train.round_policy=async_buffered: the server "
+                          "buffers each client's upload until it arrives")
 
 
 def _check_selection(config: Config) -> None:

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from rayfed.algorithms.objective import LocalObjective, OutputLoss
 from rayfed.algorithms.params import AlgorithmParams
+from rayfed.algorithms.summed_uploads import SummedUploads
 from rayfed.errors import ConfigError
 from rayfed.models.flat import FlatModel
 from rayfed.models.forward import ModelForward
@@ -177,6 +178,10 @@ class Algorithm:
     # (client_finish), such as FedGATE's uncompressed update: a spilled state store keeps them in
     # memory for that while instead of giving every client room for them on disk.
     transient_client_fields: tuple[str, ...] = ()
+    # Whether server_step reads the uploads only through weighted_average (with the config's
+    # agg_weighting, and no selector weights): the server step is then linear in the uploads, so
+    # engine.partial_sums may hand it their exact sums (SummedUploads) instead of each client's.
+    linear_uploads = False
 
     @classmethod
     def from_params(cls, params: AlgorithmParams, context: AlgorithmContext) -> "Algorithm":
@@ -298,10 +303,13 @@ def check_state_declared(algorithm: Algorithm, name: str, state: Any, role: str)
                           f"state_classes do not list ({declared}); add it there, so checkpoints can hold it")
 
 
-def weighted_average(uploads: dict[int, Upload], name: str, weighting: str,
+def weighted_average(uploads: dict[int, Upload] | SummedUploads, name: str, weighting: str,
                      weights: dict[int, float] | None = None) -> Tensor:
     """sum_i w_i * uploads[i].tensors[name] in client-id order; w_i = the selector's `weights` when
-    given, else 1/S or n_i / sum_j n_j."""
+    given, else 1/S or n_i / sum_j n_j. Under engine.partial_sums `uploads` is their exact sum
+    (SummedUploads), divided by S or sum_j n_j once."""
+    if isinstance(uploads, SummedUploads):
+        return uploads.average(name, weighting, weights)
     total = torch.zeros_like(next(iter(uploads.values())).tensors[name])
     if weights is not None:
         for client, upload in uploads.items():

@@ -54,6 +54,7 @@ def capabilities(name: str) -> list[tuple[str, str]]:
             ("compression", _takes_compression(algorithm)),
             ("train.round_policy=async_buffered", "yes" if cls.runs_async and not cls.averages_models else "no"),
             ("engine.vectorize", "yes" if algorithm.vectorizable else "no"),
+            ("engine.partial_sums", "yes" if cls.linear_uploads else "no"),
             ("server reply after each round", "yes" if algorithm.replies else "no"),
             ("model", MODEL_NEEDS[cls.model_needs]),
             ("state classes", ", ".join(state.__name__ for state in cls.state_classes) or "none")]

@@ -47,6 +47,7 @@ class FedAvgM(Algorithm):
 
     Params = ServerMomentum
     state_classes = (FedAvgMState, ServerOptimizerState)
+    linear_uploads = True
     staleness_weighted = True
     fixed: ClassVar[dict[str, Any]] = {"mu": 0.0}
     keeps_client_state = False

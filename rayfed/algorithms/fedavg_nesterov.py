@@ -41,6 +41,7 @@ class FedAvgNesterov(Algorithm):
 
     Params = NesterovParams
     state_classes = (FedAvgNesterovState, ServerOptimizerState)
+    linear_uploads = True
     keeps_client_state = False
     vectorizable = True
     compressed_upload = "model_change"

@@ -77,6 +77,7 @@ class FedGATE(Algorithm):
 
     Params = FedCOMGATEParams
     state_classes = (FedGATEServerState, FedGATEClientState)
+    linear_uploads = True
     weighted = False
     # Its clients track with the average of the round they trained in, which a buffered server never forms.
     runs_async = False

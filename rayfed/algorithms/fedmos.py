@@ -55,6 +55,7 @@ class FedMoS(Algorithm):
 
     Params = FedMoSParams
     state_classes = (FedMoSState, ServerOptimizerState)
+    linear_uploads = True
     server_lr = False
     keeps_client_state = False
     vectorizable = True

@@ -54,6 +54,7 @@ class FedOptState:
 
 class FedOpt(Algorithm):
     state_classes = (FedOptState, ServerOptimizerState)
+    linear_uploads = True
     fixed: ClassVar[dict[str, Any]] = {}
     keeps_client_state = False
     vectorizable = True

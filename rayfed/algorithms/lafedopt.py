@@ -65,6 +65,7 @@ class LaFedOPT(Algorithm):
 
     Params = LaFedOPTParams
     state_classes = (LaFedOPTState,)
+    linear_uploads = True
     keeps_client_state = False
     vectorizable = True
 

@@ -44,6 +44,7 @@ class MimeLite(Algorithm):
 
     Params = MimeLiteParams
     state_classes = (MimeLiteState,)
+    linear_uploads = True
     keeps_client_state = False
     # The momentum is built from gradients at the current x.
     runs_async = False

@@ -43,6 +43,7 @@ class STEM(Algorithm):
 
     Params = STEMParams
     state_classes = (STEMState,)
+    linear_uploads = True
     server_lr = False
     keeps_client_state = False
     vectorizable = True

@@ -95,9 +95,11 @@ class Codec:
         for result in counted:
             upload = result.upload
             message_bits = upload.metrics.get("message_bits")
-            floats = sum(t.numel() for name, t in upload.tensors.items()
-                         if message_bits is None or name != self.upload_name)
-            up += int(message_bits or 0) + FLOAT_BITS * (floats + result.buffers.numel())
+            if message_bits is None:
+                up += FLOAT_BITS * result.floats
+                continue
+            floats = sum(t.numel() for name, t in upload.tensors.items() if name != self.upload_name)
+            up += int(message_bits) + FLOAT_BITS * (floats + result.buffers.numel())
         down = 8 * down_bytes * num_sampled if sends_model else 0
         if reply is not None:
             per_client = (downlink.bits if downlink is not None and downlink.bits is not None

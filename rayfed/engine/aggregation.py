@@ -8,7 +8,9 @@ import torch
 from torch import Tensor
 
 from rayfed.algorithms.base import Algorithm, RoundInfo, check_state_declared
-from rayfed.engine.messages import Broadcast, ClientResult
+from rayfed.algorithms.summed_uploads import SummedUploads
+from rayfed.engine.messages import Broadcast, ClientRecord, ClientResult, WorkerSums
+from rayfed.exact_sum import ExactSum
 
 
 class Aggregation:
@@ -27,13 +29,16 @@ class Aggregation:
     def global_params(self) -> Tensor:
         return self.algorithm.global_params(self.state)
 
-    def step(self, round: int, counted: list[ClientResult], order: list[int], weights: dict[int, float] | None,
-             importances: dict[int, float] | None, downlink=None) -> tuple[dict, dict[str, Tensor] | None]:
+    def step(self, round: int, counted: list[ClientResult | ClientRecord], order: list[int],
+             weights: dict[int, float] | None, importances: dict[int, float] | None, downlink=None,
+             summed: list[WorkerSums] = ()) -> tuple[dict, dict[str, Tensor] | None]:
         """Folds the counted results (sorted by client id; combining in that order keeps runs bitwise
-        reproducible) into the state. Returns the algorithm's metrics and its reply (None when it
-        does not reply)."""
+        reproducible) into the state; under engine.partial_sums, the workers' `summed` uploads of
+        the counted clients (`counted` then holds their records). Returns the algorithm's metrics and
+        its reply (None when it does not reply)."""
+        uploads = summed_uploads(summed, counted) if summed else {result.client_id: result.upload for result in counted}
         self.state, metrics = self.algorithm.server_step(
-            self.state, {result.client_id: result.upload for result in counted},
+            self.state, uploads,
             RoundInfo(round=round, sampled=tuple(order), num_clients=self.num_clients, weights=weights,
                       importances=importances, downlink=downlink))
         reply = None
@@ -43,7 +48,8 @@ class Aggregation:
             # ucs weights sum to 1 only on average: log it.
             metrics["weight_sum"] = sum(weights[result.client_id] for result in counted)
         if self.buffers.numel():
-            self.buffers = weighted_buffers(counted)
+            self.buffers = (weighted_buffers(counted) if not summed else
+                            merged(worker.buffers for worker in summed).mean(uploads.num_samples).to(self.buffers.device))
         return metrics, reply
 
     def extensions(self) -> list[tuple[str, dict]]:
@@ -70,3 +76,21 @@ def weighted_buffers(results: list[ClientResult]) -> Tensor:
     for result in results:
         buffers.add_(result.buffers, alpha=result.upload.num_samples / total_samples)
     return buffers
+
+
+def summed_uploads(summed: list[WorkerSums], counted: list[ClientRecord]) -> SummedUploads:
+    """The workers' partial sums merged: exact, so the same whichever worker summed which client."""
+    clients = sorted(client for worker in summed for client in worker.client_ids)
+    if clients != [record.client_id for record in counted]:
+        raise ValueError("engine.partial_sums: the summed uploads are not those of the clients that count")
+    return SummedUploads({name: merged(worker.sums[name] for worker in summed) for name in summed[0].sums},
+                         summed[0].weighting, len(counted), sum(record.upload.num_samples for record in counted))
+
+
+def merged(sums) -> ExactSum:
+    """The sum of exact sums, into a fresh accumulator (the workers' are left as they were)."""
+    sums = list(sums)
+    total = ExactSum(sums[0].shape, sums[0].limbs.device)
+    for part in sums:
+        total.merge(part)
+    return total

@@ -1,6 +1,7 @@
 """What travels between the server and the workers each round."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -8,6 +9,7 @@ import torch
 from torch import Tensor
 
 from rayfed.algorithms.base import Upload
+from rayfed.exact_sum import ExactSum
 
 
 class ShippedAsNumpy:
@@ -68,6 +70,11 @@ class ClientResult:
     def nbytes(self) -> int:
         return self.upload.nbytes + self.buffers.numel() * self.buffers.element_size()
 
+    @property
+    def floats(self) -> int:
+        """Entries of its upload and buffers."""
+        return sum(t.numel() for t in self.upload.tensors.values()) + self.buffers.numel()
+
 
 @dataclass
 class WorkerTiming:
@@ -123,4 +130,71 @@ class WorkerResult(ShippedAsNumpy):
                              Upload({name: stacked[row] for name, stacked in self.tensors.items()},
                                     self.num_samples[row], self.metrics[row]),
                              self.buffers[row])
+                for row, client_id in enumerate(self.client_ids)]
+
+
+@dataclass
+class ClientRecord:
+    """A client's part of a round under engine.partial_sums: its upload without the tensors, which
+    travel summed over its worker's clients, and what they took (for the round's traffic figures)."""
+
+    client_id: int
+    upload: Upload      # no tensors: the sample count and the training metrics
+    nbytes: int         # its upload's and buffers' bytes, as ClientResult.nbytes
+    floats: int         # their entries, as ClientResult.floats
+
+
+@dataclass
+class WorkerSums(ShippedAsNumpy):
+    """One worker's clients for one round under engine.partial_sums: per client its sample count,
+    metrics and sizes; per upload name one exact sum over the clients (rayfed.exact_sum), weighted by
+    n_i (agg_weighting `num_samples`) or 1 (`uniform`), and the n_i-weighted sum of their BatchNorm buffers.
+    A round then moves one vector's worth per worker and upload name, whatever its number of clients."""
+
+    client_ids: list[int]
+    num_samples: list[int]
+    metrics: list[dict[str, float]]
+    nbytes: list[int]
+    floats: list[int]
+    weighting: str
+    sums: dict[str, ExactSum]
+    buffers: ExactSum
+    timing: WorkerTiming | None = None
+
+    @classmethod
+    def pack(cls, results: list[ClientResult], weighting: str) -> "WorkerSums":
+        return cls.from_stacked([r.client_id for r in results],
+                                Upload({name: torch.stack([r.upload.tensors[name] for r in results])
+                                        for name in results[0].upload.tensors},
+                                       [r.upload.num_samples for r in results], {}),
+                                torch.stack([r.buffers for r in results]), weighting,
+                                [r.upload.metrics for r in results])
+
+    @classmethod
+    def from_stacked(cls, client_ids: list[int], upload: Upload, buffers: Tensor, weighting: str,
+                     metrics: list[dict[str, float]] | None = None) -> "WorkerSums":
+        """From tensors stacked over `client_ids` (`upload.num_samples` a list, and with `metrics`
+        None, `upload.metrics` stacked too, as a vectorised upload's) and the clients' buffers (rows)."""
+        num_samples = [int(n) for n in upload.num_samples]
+        if metrics is None:
+            stacked = {name: values.tolist() for name, values in upload.metrics.items()}
+            metrics = [{name: values[row] for name, values in stacked.items()} for row in range(len(client_ids))]
+        weights = 1 if weighting == "uniform" else num_samples
+        row_bytes = (sum(t[0].numel() * t.element_size() for t in upload.tensors.values())
+                     + buffers[0].numel() * buffers.element_size())
+        row_floats = sum(t[0].numel() for t in upload.tensors.values()) + buffers[0].numel()
+        return cls(client_ids=list(client_ids), num_samples=num_samples, metrics=metrics,
+                   nbytes=[row_bytes] * len(client_ids), floats=[row_floats] * len(client_ids), weighting=weighting,
+                   sums={name: ExactSum(stacked.shape[1:], stacked.device).add(stacked, weights)
+                         for name, stacked in upload.tensors.items()},
+                   buffers=ExactSum(buffers.shape[1:], buffers.device).add(buffers, num_samples))
+
+    def to(self, device: torch.device) -> "WorkerSums":
+        """Integer limbs: their sum, and the float read from it, are the same on any device."""
+        return dataclasses.replace(self, sums={name: total.to(device) for name, total in self.sums.items()},
+                                   buffers=self.buffers.to(device))
+
+    def unpack(self) -> list[ClientRecord]:
+        return [ClientRecord(client_id, Upload({}, self.num_samples[row], self.metrics[row]), self.nbytes[row],
+                             self.floats[row])
                 for row, client_id in enumerate(self.client_ids)]

@@ -26,7 +26,7 @@ from rayfed.config import Config
 from rayfed.data.lazy import is_lazy
 from rayfed.engine.aggregation import Aggregation
 from rayfed.engine.evaluation import Evaluation, gradient_similarity
-from rayfed.engine.messages import Broadcast, WorkerResult
+from rayfed.engine.messages import Broadcast, WorkerResult, WorkerSums
 from rayfed.engine.process_memory import peak_rss
 from rayfed.engine.client_data import as_tensor
 from rayfed.engine.state_store import tensors_to
@@ -112,8 +112,9 @@ class Server:
         if counted:
             downlink = self.codec.downlink(round)
             importances = None if plan.weights is None else self.sampler.importances([r.client_id for r in counted])
+            summed = [packed for packed in worker_results if isinstance(packed, WorkerSums)]
             algorithm_metrics, reply = self.aggregation.step(round, counted, order, plan.weights, importances,
-                                                             downlink)
+                                                             downlink, summed)
             self.clock.observe_uploads([sent_bytes(r) for r in counted])
         metrics = {
             "round": round + 1,

@@ -19,7 +19,7 @@ from rayfed.data.augment import random_crop_flip
 from rayfed.data.lazy import ClientSource
 from rayfed.data.partition import Partition
 from rayfed.engine.client_data import ClientRows, client_data
-from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult, WorkerTiming
+from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult, WorkerSums, WorkerTiming
 from rayfed.engine.process_memory import peak_rss
 from rayfed.engine.state_store import IN_MEMORY, StateStorage, open_store
 from rayfed.engine.vectorized import FULL_GRADIENT_CHUNK, ClientBatchTask
@@ -187,25 +187,29 @@ class ClientWorker:
         # The client-state classes known to be declared (Algorithm.state_classes): each is checked once.
         self.checked_state_types: set[type] = set()
 
-    def train(self, round: int, down: Broadcast, client_ids: list[int]) -> WorkerResult:
+    def train(self, round: int, down: Broadcast, client_ids: list[int]) -> WorkerResult | WorkerSums:
         return self._train(round, down, client_ids, self.config.seed)
 
     def warmup_train(self, round: int, down: Broadcast, client_ids: list[int]) -> WorkerResult:
         """A round of the selector's warm-up (selection.selector=cacs), whose random streams are its own."""
         return self._train(round, down, client_ids, self._warmup_seed())
 
-    def _train(self, round: int, down: Broadcast, client_ids: list[int], seed: int) -> WorkerResult:
+    def _train(self, round: int, down: Broadcast, client_ids: list[int], seed: int) -> WorkerResult | WorkerSums:
         started_at, started = time.time(), time.perf_counter()
         tensors = {name: t.to(self.device) for name, t in down.tensors.items()}
         buffers = down.buffers.to(self.device)
+        # engine.partial_sums: the clients' uploads go as their exact sums, weighted as the server averages them.
+        weighting = self.config.algorithm.agg_weighting if self.config.engine.partial_sums else None
         if self.config.engine.vectorize:
             upload = self._train_clients_together(round, client_ids, tensors, seed)
             trained = time.perf_counter()
-            packed = WorkerResult.from_stacked(client_ids, upload, buffers)
+            stacked_buffers = buffers.expand(len(client_ids), -1)
+            packed = (WorkerResult.from_stacked(client_ids, upload, buffers) if weighting is None else
+                      WorkerSums.from_stacked(client_ids, upload, stacked_buffers, weighting))
         else:
             results = [self._train_client(round, client_id, tensors, buffers, seed) for client_id in client_ids]
             trained = time.perf_counter()
-            packed = WorkerResult.pack(results)
+            packed = WorkerResult.pack(results) if weighting is None else WorkerSums.pack(results, weighting)
         packed.timing = WorkerTiming(started_at - down.sent_at, trained - started, time.perf_counter() - trained,
                                      time.time())
         return packed

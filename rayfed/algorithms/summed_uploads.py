@@ -1,0 +1,39 @@
+"""The uploads of a round as their exact sums (engine.partial_sums): what the server step of an
+algorithm that declares `linear_uploads` receives in place of the dict of uploads. Only
+`weighted_average` reads it; any other use is an error that names the declaration."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from rayfed.exact_sum import ExactSum
+
+
+@dataclass
+class SummedUploads:
+    """sum_i w_i x_i for each upload name over the round's counted clients, exactly (rayfed.exact_sum),
+    with w_i = n_i (`weighting` "num_samples") or 1 ("uniform"), and the count it is divided by."""
+
+    sums: dict[str, ExactSum]
+    weighting: str
+    num_clients: int        # S, the uniform average's divisor
+    num_samples: int        # sum_i n_i, the sample-weighted average's divisor
+
+    def average(self, name: str, weighting: str, weights: dict[int, float] | None) -> Tensor:
+        """weighted_average of `name`: the exact sum divided by S or sum_i n_i, rounded to float32."""
+        if weights is not None:
+            raise ValueError("engine.partial_sums: the selector's per-client weights cannot apply to summed uploads")
+        if weighting != self.weighting:
+            raise ValueError(f"engine.partial_sums: the workers summed the uploads with agg_weighting="
+                             f"{self.weighting}, but the server step averages them with {weighting}")
+        if name not in self.sums:
+            raise KeyError(f"engine.partial_sums: no upload named {name!r} (the clients uploaded "
+                           f"{', '.join(map(repr, self.sums))})")
+        return self.sums[name].mean(self.num_clients if weighting == "uniform" else self.num_samples)
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("engine.partial_sums: the server holds the sum of the round's uploads, not each one; "
+                        "an algorithm with linear_uploads = True may read them only through weighted_average")
+
+    __getitem__ = __iter__ = __len__ = __contains__ = keys = values = items = get = _refuse

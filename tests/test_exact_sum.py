@@ -1,0 +1,141 @@
+"""The exact sum of weighted float32 vectors: exact, independent of order and grouping, IEEE on non-finite terms."""
+import math
+import pickle
+import random
+from fractions import Fraction
+
+import pytest
+import torch
+
+from rayfed import exact_sum
+from rayfed.exact_sum import LIMBS, LOWEST_EXPONENT, ExactSum
+
+INF, NAN = float("inf"), float("nan")
+
+
+def awkward_values(rows: int, columns: int, seed: int = 0) -> torch.Tensor:
+    """Mixed signs and magnitudes from subnormals (2^-149) to float32's largest."""
+    generator = torch.Generator().manual_seed(seed)
+    mantissas = torch.rand(rows, columns, generator=generator) * 2 - 1
+    exponents = torch.randint(-150, 128, (rows, columns), generator=generator).float()
+    values = (mantissas.double() * torch.exp2(exponents.double())).float()
+    values[~torch.isfinite(values)] = 1.0
+    values[:, 0] = torch.tensor([2.0 ** -149, -(2.0 ** -149)] * (rows // 2) + [0.0] * (rows % 2))
+    values[0, 1], values[1, 1] = torch.finfo(torch.float32).max, -torch.finfo(torch.float32).max
+    return values
+
+
+def exact(values: torch.Tensor, weights: list[int]) -> list[Fraction]:
+    return [sum(Fraction(float(values[row, column])) * weight for row, weight in enumerate(weights))
+            for column in range(values.shape[1])]
+
+
+def held(total: ExactSum) -> list[Fraction]:
+    """The value the limbs hold, read as Python integers."""
+    total.normalise()
+    limbs = total.limbs.tolist()
+    return [sum(Fraction(limbs[limb][column]) * 2 ** (32 * limb) for limb in range(LIMBS)) * Fraction(2) ** LOWEST_EXPONENT
+            for column in range(total.limbs.shape[1])]
+
+
+WEIGHTS = [1, 3, 2 ** 31 - 1, 0, 77, 64, 5]
+
+
+def test_the_limbs_hold_the_exact_sum():
+    values = awkward_values(len(WEIGHTS), 300)
+    total = ExactSum((300,)).add(values, WEIGHTS)
+    assert held(total) == exact(values, WEIGHTS)
+    largest, tiny = torch.finfo(torch.float32).max, 2.0 ** -149
+    cancelling = torch.tensor([[largest, tiny, 0.75], [tiny, -tiny, 0.0], [-largest, 0.0, -0.75]])
+    assert held(ExactSum((3,)).add(cancelling, [7, 5, 7])) == [Fraction(5 * tiny), Fraction(2 * tiny), Fraction(0)]
+
+
+def test_the_value_is_the_exact_sum_rounded_to_float64():
+    values = awkward_values(len(WEIGHTS), 300, seed=1)
+    value = ExactSum((300,)).add(values, WEIGHTS).value().tolist()
+    for got, want in zip(value, exact(values, WEIGHTS)):
+        assert abs(Fraction(got) - want) <= abs(want) * Fraction(1, 2 ** 51)
+    cancelled = torch.tensor([[3.0e38, 1.0e-45], [-3.0e38, 0.0]])
+    assert ExactSum((2,)).add(cancelled).value().tolist() == [0.0, float(Fraction(float(torch.tensor(1e-45))))]
+
+
+def test_row_by_row_and_stacked_sums_agree_with_small_integer_fsum():
+    values = torch.randn(9, 200, generator=torch.Generator().manual_seed(2))
+    weights = list(range(1, 10))
+    stacked = ExactSum((200,)).add(values, weights)
+    by_row = ExactSum((200,))
+    for row, weight in zip(values, weights):
+        by_row.add(row, weight)
+    assert torch.equal(stacked.value(), by_row.value())
+    # Products of float32 and integers below 2^29 are exact in float64, so fsum rounds the exact sum once.
+    fsum = [math.fsum(float(values[row, column]) * weights[row] for row in range(9)) for column in range(200)]
+    assert all(abs(got - want) <= abs(want) * 2 ** -51 for got, want in zip(stacked.value().tolist(), fsum))
+
+
+def test_any_order_and_grouping_gives_the_same_bits():
+    values = awkward_values(len(WEIGHTS), 500, seed=3)
+    reference = ExactSum((500,)).add(values, WEIGHTS)
+    rows = list(range(len(WEIGHTS)))
+    for seed in range(5):
+        random.Random(seed).shuffle(rows)
+        cut = 1 + seed % (len(rows) - 1)
+        parts = [ExactSum((500,)), ExactSum((500,))]
+        for position, row in enumerate(rows):
+            parts[position >= cut].add(values[row], WEIGHTS[row])
+        # One part travels as a worker's would (pickled), and the parts merge in either order.
+        first, second = (pickle.loads(pickle.dumps(parts[0])), parts[1]) if seed % 2 else (parts[1], parts[0])
+        total = ExactSum((500,)).merge(first).merge(second)
+        assert torch.equal(total.value(), reference.value())
+        assert torch.equal(total.mean(sum(WEIGHTS)), reference.mean(sum(WEIGHTS)))
+        reference.normalise()
+        total.normalise()
+        assert torch.equal(total.limbs, reference.limbs)
+
+
+def test_carries_are_propagated_before_a_limb_could_overflow(monkeypatch):
+    monkeypatch.setattr(exact_sum, "NORMALISE_EVERY", 3)
+    values = awkward_values(len(WEIGHTS), 100, seed=4)
+    total = ExactSum((100,))
+    for row, weight in zip(values, WEIGHTS):
+        total.add(row, weight)
+        assert total.pending <= 3
+    assert held(total) == exact(values, WEIGHTS)
+
+
+@pytest.mark.parametrize("terms, weights, expected", [
+    ([INF, 1.0], [1, 1], INF),
+    ([-INF, 1.0], [1, 5], -INF),
+    ([INF, INF], [1, 2], INF),
+    ([INF, -INF], [1, 1], NAN),
+    ([NAN, 1.0], [1, 1], NAN),
+    ([NAN, INF], [1, 1], NAN),
+    ([INF, 2.0], [0, 1], NAN),         # IEEE: 0 x inf
+    ([NAN, 2.0], [0, 1], NAN),
+    ([3.0e38, 3.0e38], [1, 1], 6.0e38),  # finite float32 terms whose sum only float64 holds
+])
+def test_non_finite_terms_combine_as_ieee_addition(terms, weights, expected):
+    column = torch.tensor(terms, dtype=torch.float32)[:, None]
+    split = ExactSum((1,)).add(column[:1], weights[:1]).merge(ExactSum((1,)).add(column[1:], weights[1:]))
+    for total in (ExactSum((1,)).add(column, weights), split, pickle.loads(pickle.dumps(split))):
+        got = total.value().item()
+        assert (got != got) if expected != expected else got == pytest.approx(expected, rel=1e-7)
+    # The mean of two terms is finite exactly when their sum is: 6e38 / 2 fits float32 although 6e38 does not.
+    assert torch.isfinite(split.mean(2)).item() == math.isfinite(expected)
+
+
+def test_what_it_refuses():
+    total = ExactSum((3,))
+    with pytest.raises(TypeError, match="^ExactSum adds float32 values, not torch.float64$"):
+        total.add(torch.zeros(3, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"^ExactSum weights must be integers in \[0, 2147483647\]$"):
+        total.add(torch.zeros(3), -1)
+    with pytest.raises(ValueError, match=r"^ExactSum of shape \(3,\) cannot add values of shape \(4,\)$"):
+        total.add(torch.zeros(4))
+    with pytest.raises(ValueError, match=r"^cannot merge an ExactSum of shape \(2,\) into one of \(3,\)$"):
+        total.merge(ExactSum((2,)))
+
+
+def test_an_empty_vector_and_a_matrix_shape():
+    assert ExactSum((0,)).add(torch.zeros(4, 0), [1, 2, 3, 4]).value().shape == (0,)
+    matrix = torch.randn(2, 3)
+    assert torch.equal(ExactSum((2, 3)).add(matrix).mean(1), matrix)
