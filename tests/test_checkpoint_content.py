@@ -4,8 +4,11 @@ line naming the field, exit 2, the run directory unchanged, for every registered
 plugin's; the undamaged checkpoint resumes to the bits of the uninterrupted run."""
 import hashlib
 import io
+import json
 import pickle
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -85,3 +88,99 @@ def test_every_edit_is_refused_with_one_line_naming_it(name, checkpoints, tmp_pa
             shutil.rmtree(run_dir)
     stateful = len(payload["client_states"]) >= 2
     assert applied >= (25 if stateful else 15), applied
+
+
+def test_a_body_pickled_with_protocol_5_is_one_line(checkpoints, tmp_path):
+    source, _ = checkpoints("scaffold")
+    run_dir = tmp_path / "run"
+    shutil.copytree(source, run_dir)
+    path = run_dir / "checkpoint.pt"
+    header, payload = load_body(path)
+    buffer = io.BytesIO()
+    torch.save(payload, buffer, pickle_protocol=pickle.HIGHEST_PROTOCOL, _use_new_zipfile_serialization=False)
+    del header["sha256"]
+    digest = hashlib.sha256(json.dumps(header, sort_keys=True).encode())
+    digest.update(buffer.getvalue())
+    header["sha256"] = digest.hexdigest()
+    path.write_bytes(MAGIC + json.dumps(header).encode() + b"\n" + buffer.getvalue())
+    # In a process of its own: pytest would catch torch's warning before it reached stderr.
+    resumed = subprocess.run([sys.executable, "-m", "rayfed", "run", "--resume", str(run_dir), "--quiet"],
+                             capture_output=True, text=True)
+    assert (resumed.returncode, resumed.stderr) == (
+        2, f"rayfed: error: {path} is damaged: its body cannot be read (UnpicklingError)\n")
+
+
+SPILLED_EDITS = {
+    "a row's bytes changed, the shard's digest recomputed": (
+        lambda rows, shard: rows.__setitem__(slice(0, 4), b"\x00\x00\x80\x7f"), False,
+        "client {client}'s state does not match the SHA-256 recorded for it (another client's state, or edited "
+        "since it was written)"),
+    "NaN in a row, every digest recomputed": (
+        lambda rows, shard: rows.__setitem__(slice(0, 4), b"\x00\x00\xc0\x7f"), True,
+        "client {client}'s state: control holds NaN or infinity"),
+    "a row's control flagged None": (
+        lambda rows, shard: shard["nones"].__setitem__((0, 0), True), True,
+        "client {client}'s state: control is None, expected a tensor of shape ({floats},) float32"),
+    "a row moved to a client beyond N": (
+        lambda rows, shard: shard["clients"].__setitem__(0, 12), True,
+        "client 12 has a state, but data.num_clients=12 (clients 0-11)"),
+}
+
+
+@pytest.mark.parametrize("edit", list(SPILLED_EDITS))
+def test_spilled_states_are_checked_row_by_row(tmp_path, capsys, edit):
+    """SCAFFOLD's states spilled (engine.state_memory_mb=0): the checkpoint's shard copy is read
+    row by row against the SHA-256 recorded for each row, its layout and its tensors' values."""
+    from rayfed.engine.state_store import row_sha256
+    from tests.checkpoint_damage import overrides
+    config = rayfed.load_config(None, overrides("scaffold") + ["engine.state_memory_mb=0", "train.rounds=4"])
+    run_dir = tmp_path / "run"
+    rayfed.run(config, run_dir=run_dir, progress=False)
+    (run_dir / "summary.json").unlink()         # as if it had stopped after the checkpoint of round 2
+    change, every_digest, expected = SPILLED_EDITS[edit]
+
+    def spoil(payload):
+        shard = payload["state_shards"][0]
+        path = run_dir / shard["file"]
+        rows = bytearray(path.read_bytes())
+        change(rows, shard)
+        path.write_bytes(rows)
+        shard["sha256"] = hashlib.sha256(rows).hexdigest()
+        if every_digest:
+            width = len(rows) // shard["rows"]
+            shard["row_sha256"][0] = torch.from_numpy(row_sha256(bytes(rows[:width]), shard["nones"][0].numpy()).copy())
+
+    _, payload = load_body(run_dir / "checkpoint.pt")
+    client = payload["state_shards"][0]["clients"][0].item()
+    floats = payload["server"]["state"].control.numel()
+    rewrite(run_dir, spoil, every_digest)
+    assert refused(run_dir, capsys) == f"{run_dir}/checkpoint.pt: " + expected.format(client=client, floats=floats)
+
+
+def test_a_recovery_from_an_edited_checkpoint_stops_the_run_with_one_line(checkpoints, tmp_path):
+    """The supervisor checks the checkpoint it recovers a server or worker from as a resume does."""
+    from rayfed.checkpoint_content import Declared
+    from rayfed.engine.supervisor import Supervisor
+    from rayfed.errors import RunStopped
+    from tests.checkpoint_damage import swap
+    source, _ = checkpoints("scaffold")
+    run_dir = tmp_path / "run"
+    shutil.copytree(source, run_dir)
+    rewrite(run_dir, swap)
+    config = rayfed.load_config(run_dir / "config.yaml")
+    supervisor = Supervisor.__new__(Supervisor)
+    supervisor.run_dir, supervisor.round = run_dir, 4
+    supervisor.declared = Declared(config, make_systems(config))
+    with pytest.raises(RunStopped) as stopped:
+        supervisor._last_checkpoint()
+    assert stopped.value.status == "checkpoint_damaged"
+    assert str(stopped.value).startswith(f"{run_dir}/checkpoint.pt: client ")
+    assert str(stopped.value).endswith("; the run cannot recover from it and stopped in round 5")
+
+
+def make_systems(config):
+    import dataclasses
+    from rayfed.api import load_data
+    from rayfed.systems.clients import make_client_systems
+    _, partition = load_data(config)
+    return dataclasses.replace(make_client_systems(config), client_sizes=partition.sizes)
