@@ -135,6 +135,10 @@ def tensor_field(state: Any) -> str:
     return next(key for key, value in vars(state).items() if isinstance(value, torch.Tensor) and value.numel())
 
 
+def last_tensor_field(state: Any) -> str:
+    return [key for key, value in vars(state).items() if isinstance(value, torch.Tensor) and value.numel()][-1]
+
+
 def server_tensor(payload: dict) -> str:
     return tensor_field(payload["server"]["state"])
 
@@ -253,6 +257,10 @@ CASES = {
     "None where a client's tensor belongs": Case(
         has_clients, client_edit(lambda s: set_field(s, tensor_field(s), None)),
         expect_client(lambda s, f: f": {f} is None, expected a tensor of shape {shape(getattr(s, f))} float32")),
+    "None where a client's last tensor belongs (FedCOMGATE's error feedback memory)": Case(
+        has_clients, client_edit(lambda s: set_field(s, last_tensor_field(s), None)),
+        expect_client(lambda s, f: f": {last_tensor_field(s)} is None, expected a tensor of shape "
+                                   f"{shape(getattr(s, last_tensor_field(s)))} float32")),
     "a client's state in float64": Case(
         has_clients, client_edit(lambda s: set_field(s, tensor_field(s), getattr(s, tensor_field(s)).double())),
         expect_client(lambda s, f: f": {f} is float64, expected float32")),

@@ -87,7 +87,7 @@ def test_every_edit_is_refused_with_one_line_naming_it(name, checkpoints, tmp_pa
             assert line == f"{run_dir}/{expected}", (case_name, every_digest, line)
             shutil.rmtree(run_dir)
     stateful = len(payload["client_states"]) >= 2
-    assert applied >= (25 if stateful else 15), applied
+    assert applied >= (27 if stateful else 15), applied
 
 
 def test_a_body_pickled_with_protocol_5_is_one_line(checkpoints, tmp_path):
