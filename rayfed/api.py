@@ -16,8 +16,8 @@ from rayfed.algorithms.local_training import LocalSchedule
 from rayfed.algorithms.base import AlgorithmContext, build_algorithm
 from rayfed.callbacks import Callback, ModelShape, build_configured, run_callbacks
 from rayfed.callbacks.target import REACHED_TARGET
-from rayfed.checkpoint import (CHECKPOINT, Checkpoint, check_belongs_to, check_state_shards, lines_before,
-                               read_checkpoint)
+from rayfed.checkpoint import CHECKPOINT, Checkpoint, check_belongs_to, lines_before, read_checkpoint
+from rayfed.checkpoint_content import Declared, check_content
 from rayfed.config import Config, check_path, load_config, resolve
 from rayfed.data import Dataset, Partition, class_histogram, load_dataset, make_partition, write_histogram_csv
 from rayfed.data.lazy import SIZES_CSV_MAX_CLIENTS, ClientSizes, LazyDataset, client_sizes, is_lazy, write_sizes_csv
@@ -76,7 +76,6 @@ def resume(run_dir: str | Path, progress: bool = True, callbacks: list[Callback]
     checkpoint = read_checkpoint(run_dir)
     check_belongs_to(run_dir, checkpoint, config)
     lines = lines_before(run_dir, checkpoint)
-    check_state_shards(run_dir, checkpoint)
     return _execute(config, run_dir, progress, started, _callbacks(config, callbacks), checkpoint=checkpoint,
                     lines=lines)
 
@@ -112,6 +111,9 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
     data_started = time.perf_counter()
     dataset, partition = load_data(config)
     client_systems = dataclasses.replace(client_systems, client_sizes=partition.sizes)
+    declared = Declared(config, client_systems)
+    if checkpoint is not None:
+        check_content(run_dir, checkpoint, declared)
     data_time_s = time.perf_counter() - data_started
     config = _without_unsupported_vectorize(config, dataset, partition)
     engine = make_engine(config, dataset, partition, client_systems, storage)
@@ -129,7 +131,7 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
                 write_sizes_csv(run_dir / "partition.csv", partition.sizes)
         metrics_file, callbacks = run_callbacks(config, run_dir, progress, users)
         supervisor = Supervisor(engine, config, run_dir, ModelShape(dataset.input_shape, dataset.num_classes),
-                                metrics_file, callbacks, resumed_from=None if checkpoint is None else len(lines))
+                                metrics_file, callbacks, declared, resumed_from=None if checkpoint is None else len(lines))
         if checkpoint is not None:
             _resume_supervisor(supervisor, checkpoint, lines)
         startup_s = time.perf_counter() - started

@@ -6,9 +6,13 @@ buffers, virtual clock, FedBuff's clients in flight) and every client's persiste
 
 checkpoint.pt is a line naming the format, a line of JSON (the header: rounds completed, the
 algorithm and model, the SHA-256 of the resolved config and of metrics.jsonl's lines up to that
-round, and a SHA-256 over header and body), then the body. torch reads the body with
-weights_only=True: tensors, plain containers and the state classes listed below are built, and no
-code from the file ever runs.
+round, what the body holds (`contents`: the SHA-256 of each part of the server's snapshot, the
+number of client states and a SHA-256 over every client's id and the SHA-256 of its state), and a
+SHA-256 over header and body), then the body. torch reads the body with weights_only=True:
+tensors, plain containers and the state classes listed below are built, and no code from the file
+ever runs. The body's `client_digests` are the SHA-256 of each client state it holds; a spilled
+shard's manifest has its rows'. So a tool that rewrote the body and recomputed the header's digest,
+but not these, is caught naming the part or the client (rayfed.checkpoint_content checks the rest).
 
 Client states spilled to disk (rayfed.engine.state_store) are not in the body: each worker copies
 its shard's rows into checkpoint.d/round-R/ beside checkpoint.pt, and the body holds the shard's
@@ -22,28 +26,31 @@ import io
 import json
 import os
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import numpy as np
 import torch
+from torch import Tensor
 
 from rayfed.algorithms.base import Upload
 from rayfed.config import Config
 from rayfed.engine.messages import ClientResult
-from rayfed.engine.state_store import CHECKPOINT_DIR, damaged_shard
+from rayfed.engine.state_store import CHECKPOINT_DIR
 from rayfed.errors import ConfigError
 from rayfed.metrics import METRICS
 from rayfed.registry import ALGORITHMS
 from rayfed.systems.async_buffer import AsyncBuffer, InFlight
 
 CHECKPOINT = "checkpoint.pt"
-MAGIC = b"rayfed checkpoint, format 1\n"
+MAGIC = b"rayfed checkpoint, format 2\n"
 # The classes a checkpoint body may hold besides tensors, plain containers and the state classes its
 # algorithm declares (Algorithm.state_classes): the server's own, FedBuff's clients in flight.
 ENGINE_CLASSES = [AsyncBuffer, InFlight, ClientResult, Upload]
 HEADER_FIELDS = {"rounds_completed": int, "algorithm": str, "model": str, "config_sha256": str,
-                 "metrics_sha256": str}
+                 "metrics_sha256": str, "contents": dict}
 
 
 @dataclass
@@ -58,10 +65,15 @@ class Checkpoint:
     # Spilled client states: one manifest per worker shard, whose rows are in the file it names
     # (relative to the run directory).
     state_shards: list[dict] = field(default_factory=list)
+    # As read: the header's record of the body (see the module's docstring), and the body's SHA-256
+    # of each client state it holds ({"clients": ids, "sha256": (clients, 32) bytes}). Written
+    # checkpoints record them afresh.
+    contents: dict = field(default_factory=dict)
+    client_digests: dict = field(default_factory=dict)
 
 
 SHARD_FIELDS = {"worker": int, "workers": int, "file": str, "sha256": str, "rows": int, "layout": (dict, type(None)),
-                "clients": torch.Tensor, "nones": torch.Tensor}
+                "clients": torch.Tensor, "nones": torch.Tensor, "row_sha256": torch.Tensor}
 
 
 def config_sha256(run_dir: Path) -> str:
@@ -72,11 +84,19 @@ def config_sha256(run_dir: Path) -> str:
 
 def write_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> None:
     body = io.BytesIO()
-    payload = {"server": checkpoint.server, "client_states": checkpoint.client_states}
+    client_digests = {"clients": torch.tensor(sorted(checkpoint.client_states), dtype=torch.int64)}
+    client_digests["sha256"] = torch.from_numpy(np.stack(
+        [np.frombuffer(content_sha256(checkpoint.client_states[client]), np.uint8)
+         for client in client_digests["clients"].tolist()]) if checkpoint.client_states else np.zeros((0, 32), np.uint8))
+    payload = {"server": checkpoint.server, "client_states": checkpoint.client_states, "client_digests": client_digests}
     if checkpoint.state_shards:
         payload["state_shards"] = checkpoint.state_shards
     torch.save(payload, body)
-    header = {name: getattr(checkpoint, name) for name in HEADER_FIELDS}
+    header = {name: getattr(checkpoint, name) for name in HEADER_FIELDS if name != "contents"}
+    header["contents"] = {
+        "server_sha256": {part: content_sha256(value).hex() for part, value in checkpoint.server.items()},
+        "client_states": len(checkpoint.client_states) + sum(shard["rows"] for shard in checkpoint.state_shards),
+        "client_states_sha256": client_table_sha256(client_digests, checkpoint.state_shards)}
     header["sha256"] = _digest(header, body.getvalue())
     temporary = run_dir / (CHECKPOINT + ".tmp")
     with open(temporary, "wb") as file:
@@ -104,20 +124,6 @@ def shard_directory(run_dir: Path, rounds_completed: int) -> Path:
     return run_dir / CHECKPOINT_DIR / name
 
 
-def check_state_shards(run_dir: Path, checkpoint: Checkpoint) -> None:
-    """Every spilled shard the checkpoint names is there with the bytes it was written with."""
-    for shard in checkpoint.state_shards:
-        path = run_dir / shard["file"]
-        if not path.is_file():
-            raise ConfigError(f"{path} is missing; it holds spilled client states that {CHECKPOINT} continues from")
-        digest = hashlib.sha256()
-        with open(path, "rb") as file:
-            while block := file.read(2**24):
-                digest.update(block)
-        if digest.hexdigest() != shard["sha256"]:
-            raise ConfigError(damaged_shard(path))
-
-
 def has_checkpoint(run_dir: Path) -> bool:
     return (run_dir / CHECKPOINT).is_file()
 
@@ -141,17 +147,80 @@ def read_checkpoint(run_dir: Path) -> Checkpoint:
                           f"(is its plugin in the config's plugins?)")
     allowed = [*ENGINE_CLASSES, *ALGORITHMS.get(header["algorithm"]).target.state_classes]
     try:
-        with torch.serialization.safe_globals(allowed):
+        with torch.serialization.safe_globals(allowed), warnings.catch_warnings():
+            # A body pickled with another protocol is refused below, in one line, not after torch's three.
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
             payload = torch.load(io.BytesIO(body), weights_only=True, map_location="cpu")
     except Exception as error:  # torch raises many types for a bad body; all mean the same to the user
         raise ConfigError(f"{path} is damaged: its body cannot be read ({type(error).__name__})") from None
     client_states = payload.get("client_states") if isinstance(payload, dict) else None
     shards = payload.get("state_shards", []) if isinstance(payload, dict) else None
+    digests = payload.get("client_digests") if isinstance(payload, dict) else None
     if not isinstance(client_states, dict) or not isinstance(payload.get("server"), dict) \
-            or not all(isinstance(client, int) and client >= 0 for client in client_states) \
-            or not isinstance(shards, list) or not all(map(_is_shard, shards)):
+            or not all(type(client) is int and client >= 0 for client in client_states) \
+            or not isinstance(shards, list) or not all(map(_is_shard, shards)) or not _is_digest_table(digests):
         raise ConfigError(f"{path} is damaged: its body is not a server snapshot and client states")
-    return Checkpoint(server=payload["server"], client_states=client_states, state_shards=shards, **header)
+    return Checkpoint(server=payload["server"], client_states=client_states, state_shards=shards,
+                      client_digests=digests, **header)
+
+
+def content_sha256(value: Any) -> bytes:
+    """The SHA-256 of a state's canonical bytes: its classes, field names, numbers, and each tensor's
+    dtype, shape and bytes, in the order it holds them (a dict's order is part of a state)."""
+    digest = hashlib.sha256()
+    _feed(digest, value)
+    return digest.digest()
+
+
+def _feed(digest, value: Any) -> None:
+    if isinstance(value, Tensor):
+        value = value.detach().cpu().contiguous()
+        digest.update(f"T{str(value.dtype)}{tuple(value.shape)}".encode())
+        digest.update(value.reshape(-1).view(torch.uint8).numpy() if value.numel() else b"")
+    elif isinstance(value, np.ndarray):
+        digest.update(f"A{value.dtype.str}{value.shape}".encode())
+        digest.update(np.ascontiguousarray(value).tobytes())
+    elif value is None or isinstance(value, (bool, int, str)):
+        digest.update(f"{type(value).__name__}:{value!r};".encode())
+    elif isinstance(value, float):
+        digest.update(f"float:{value.hex()};".encode())
+    elif isinstance(value, dict):
+        digest.update(f"dict{len(value)}(".encode())
+        for key, item in value.items():
+            _feed(digest, key)
+            _feed(digest, item)
+        digest.update(b")")
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value
+        digest.update(f"{type(value).__name__}{len(value)}(".encode())
+        for item in items:
+            _feed(digest, item)
+        digest.update(b")")
+    elif hasattr(value, "__dict__"):
+        digest.update(f"{type(value).__module__}.{type(value).__qualname__}".encode())
+        _feed(digest, vars(value))
+    else:
+        digest.update(f"{type(value).__name__}:{value!r};".encode())
+
+
+def client_table_sha256(client_digests: dict, shards: list[dict]) -> str:
+    """The SHA-256 over every client's id and its state's SHA-256, by id: those of the body's
+    states and of the spilled shards' rows."""
+    clients = np.concatenate([client_digests["clients"].numpy(), *(shard["clients"].numpy() for shard in shards)])
+    digests = np.concatenate([client_digests["sha256"].numpy(), *(shard["row_sha256"].numpy() for shard in shards)])
+    order = np.argsort(clients, kind="stable")
+    digest = hashlib.sha256(clients[order].astype("<i8").tobytes())
+    digest.update(np.ascontiguousarray(digests[order]).tobytes())
+    return digest.hexdigest()
+
+
+def _is_digest_table(table: Any) -> bool:
+    if not isinstance(table, dict) or set(table) != {"clients", "sha256"} \
+            or not all(isinstance(value, Tensor) for value in table.values()):
+        return False
+    clients, digests = table["clients"], table["sha256"]
+    return clients.dtype == torch.int64 and clients.dim() == 1 and digests.dtype == torch.uint8 \
+        and tuple(digests.shape) == (len(clients), 32)
 
 
 def _is_shard(shard: Any) -> bool:

@@ -1003,9 +1003,18 @@ def _apply_override(raw: dict, text: str) -> None:
     leaf = parts[-1]
     if leaf not in node and not (node is raw.get("algorithm") and len(parts) == 2):
         raise ConfigError(f"unknown key {_show(dotted)}{_did_you_mean_key(dotted)}")
-    if isinstance(node.get(leaf), dict):
+    if isinstance(node.get(leaf), dict) and _is_section(parts):
         raise ConfigError(f"{dotted} is a section; set one of its keys, e.g. {dotted}.{next(iter(node[leaf]))}=...")
+    # A key whose value the file gave as a mapping (where a scalar belongs) takes the override's value.
     node[leaf] = _parse_yaml(value, f"the value of {dotted}", positions=False) if value.strip() else None
+
+
+def _is_section(parts: list[str]) -> bool:
+    """Whether the dotted key `parts` names a section of the schema (not a value a file set to a mapping)."""
+    node = Config().to_dict()
+    for part in parts:
+        node = node.get(part) if isinstance(node, dict) else None
+    return isinstance(node, dict) and bool(node)
 
 
 def _merge(target: dict, source: dict, prefix: str) -> None:

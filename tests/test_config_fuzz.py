@@ -105,3 +105,21 @@ def test_config_command_prints_a_loadable_config_or_one_line(capsys, config, sou
         loaded = load_config(printed)
         assert loaded == load_config(path, overrides)
         assert loaded.to_yaml() == out
+
+
+def test_a_mapping_in_the_file_where_a_value_belongs_with_an_override_of_it_is_one_line_or_loads(capsys, tmp_path):
+    """Every key set to a mapping in the file and overridden on the command line: the override is the
+    value (the config prints and loads back) or one line says what is wrong; never a traceback."""
+    path = tmp_path / "in.yaml"
+    for key in KEYS:
+        for mapping in ({}, {"a": 1}):
+            path.write_text(as_yaml({key: mapping}))
+            value = Config().to_dict()
+            for part in key.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            code = main(["config", str(path), as_override(key, value)])
+            out, err = capsys.readouterr()
+            assert (code, err) == (0, "") or (code == 2 and err.startswith("rayfed: error: ")
+                                              and err.count("\n") == 1 and out == ""), (key, code, err)
+            if code == 0:
+                assert load_config(path, [as_override(key, value)]).to_yaml() == out

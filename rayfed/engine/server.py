@@ -201,8 +201,9 @@ class Server:
 
     def warmup_step(self, round: int, *worker_results: WorkerResult) -> None:
         """One warm-up round: every client's upload, weighted by p_i = D_i / sum_j D_j."""
-        trained = sorted((r for packed in worker_results for r in packed.to(self.device).unpack()),
-                         key=lambda r: r.client_id)
+        # Decoded as a round's: a compressed upload arrives as its message.
+        trained = sorted((self.codec.decode(r) for packed in worker_results
+                          for r in packed.to(self.device).unpack()), key=lambda r: r.client_id)
         weights = self.sampler.importances([r.client_id for r in trained])
         self.warmup_spent["bytes_down"] += self.aggregation.broadcast().nbytes * len(trained)
         self.warmup_spent["bytes_up"] += sum(sent_bytes(r) for r in trained)

@@ -174,7 +174,7 @@ class RowCodec:
     def adopt(self, layout: StateLayout) -> None:
         """Takes `layout` (learned, or a checkpoint's) once its width is the declared one."""
         self._check_width(layout.tensor_bytes)
-        known = {_qualified(state_class): state_class for state_class in self.algorithm.state_classes}
+        known = {qualified(state_class): state_class for state_class in self.algorithm.state_classes}
         if layout.cls not in known:
             raise ConfigError(f"algorithm {self.name!r}: client state class {layout.cls} is not among its "
                               f"state_classes")
@@ -244,7 +244,7 @@ class RowCodec:
 
     def _items(self, state: Any) -> tuple[str, list[tuple[str, Any]]]:
         if type(state) in self.algorithm.state_classes:
-            return _qualified(type(state)), list(vars(state).items())
+            return qualified(type(state)), list(vars(state).items())
         raise ConfigError(f"algorithm {self.name!r}: a client state of type {type(state).__name__} cannot be spilled "
                           f"(only its declared state classes); keep the states in memory (raise "
                           f"engine.state_memory_mb)")
@@ -366,16 +366,22 @@ class SpilledStore:
         """Copies the rows into `directory` (a checkpoint's) and returns their manifest."""
         self._check_usable()
         layout = self.codec.layout
-        size = self.count * layout.row_bytes if layout is not None else 0
+        row_bytes = layout.row_bytes if layout is not None else 0
+        per_part = max(1, COPY_CHUNK_BYTES // max(row_bytes, 1))
         target = Path(directory) / self.path.name
         digest = hashlib.sha256()
+        row_digests = np.zeros((self.count, 32), np.uint8)
         try:
             os.makedirs(directory, exist_ok=True)
             with open(target, "wb") as out:
-                for start in range(0, size, COPY_CHUNK_BYTES):
-                    part = bytearray(min(COPY_CHUNK_BYTES, size - start))
-                    self._read_into(part, start)
+                for first in range(0, self.count if layout is not None else 0, per_part):
+                    rows = range(first, min(first + per_part, self.count))
+                    part = bytearray(len(rows) * row_bytes)
+                    self._read_into(part, first * row_bytes)
                     digest.update(part)
+                    for row in rows:
+                        start = (row - first) * row_bytes
+                        row_digests[row] = row_sha256(memoryview(part)[start:start + row_bytes], self.nones[row])
                     out.write(part)
                 out.flush()
                 os.fsync(out.fileno())
@@ -387,7 +393,8 @@ class SpilledStore:
                     "sha256": digest.hexdigest(), "rows": self.count,
                     "layout": layout.to_dict() if layout is not None else None,
                     "clients": torch.from_numpy(self.clients[:self.count].copy()),
-                    "nones": torch.from_numpy(self.nones[:self.count].copy())}
+                    "nones": torch.from_numpy(self.nones[:self.count].copy()),
+                    "row_sha256": torch.from_numpy(row_digests)}
 
     def restore(self, states: dict[int, Any], shard: dict | None) -> None:
         """The states of a checkpoint: `shard`'s rows (copied from its file, whose digest is checked)
@@ -508,6 +515,13 @@ def _verified_parts(shard: dict, row_bytes: int) -> Iterator[tuple[int, bytes]]:
         raise ConfigError(damaged_shard(source))
 
 
+def row_sha256(row: bytes | memoryview, nones: np.ndarray) -> np.ndarray:
+    """The SHA-256 (32 bytes) of one spilled client state: its row and which of its fields are None."""
+    digest = hashlib.sha256(row)
+    digest.update(np.ascontiguousarray(nones, np.bool_).tobytes())
+    return np.frombuffer(digest.digest(), np.uint8)
+
+
 def damaged_shard(path: Path) -> str:
     return f"{path} is damaged: its bytes no longer match the SHA-256 that checkpoint.pt holds for them"
 
@@ -536,7 +550,7 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGNMENT) * ALIGNMENT
 
 
-def _qualified(cls: type) -> str:
+def qualified(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 

@@ -26,6 +26,7 @@ from rayfed.callbacks.dispatch import CallbackList
 from rayfed.callbacks.metrics_file import MetricsFile
 from rayfed.checkpoint import (Checkpoint, config_sha256, has_checkpoint, read_checkpoint, shard_directory,
                                write_checkpoint)
+from rayfed.checkpoint_content import Declared, check_content
 from rayfed.config import Config
 from rayfed.engine.extensions import Extension, make_extensions
 from rayfed.engine.loop import Engine, RoundStart, enact_due, play_round
@@ -33,7 +34,7 @@ from rayfed.engine.lost import ServerLost, WorkerLost
 from rayfed.engine.process_memory import PeakPss
 from rayfed.engine.state_store import SpillFailed
 from rayfed.engine.worker import client_owner
-from rayfed.errors import RunStopped, first_line
+from rayfed.errors import ConfigError, RunStopped, first_line
 from rayfed.faults import SERVER, FaultSchedule
 from rayfed.metrics import strict_json
 
@@ -53,12 +54,15 @@ class Replay(Exception):
 
 class Supervisor:
     def __init__(self, engine: Engine, config: Config, run_dir: Path, shape: ModelShape, metrics_file: MetricsFile,
-                 callbacks: list[Callback], resumed_from: int | None = None):
+                 callbacks: list[Callback], declared: Declared, resumed_from: int | None = None):
+        """`declared`: what the run's components declare about their states, which a checkpoint
+        recovered from must hold."""
         self.engine = engine
         self.config = config
         self.run_dir = run_dir
         self.history: list[dict] = []   # every round's metrics so far, resumed ones included
         self.metrics_file = metrics_file
+        self.declared = declared
         self.callbacks = CallbackList(callbacks, (WorkerLost, ServerLost, WorkersGone, Replay, SpillFailed),
                                       self._kept)
         self.view = RunView(config, run_dir, shape, self.history, self._global_model, self._checkpoint,
@@ -198,7 +202,17 @@ class Supervisor:
         self.callbacks.checkpoint(self.view, len(self.history))
 
     def _last_checkpoint(self) -> Checkpoint | None:
-        return read_checkpoint(self.run_dir) if has_checkpoint(self.run_dir) else None
+        """The checkpoint to recover from, checked as a resume checks it: a recovery from one that
+        was damaged or edited since it was written stops the run with one line."""
+        if not has_checkpoint(self.run_dir):
+            return None
+        try:
+            checkpoint = read_checkpoint(self.run_dir)
+            check_content(self.run_dir, checkpoint, self.declared)
+        except ConfigError as error:
+            raise RunStopped(f"{error}; the run cannot recover from it and stopped in round {self.round + 1}",
+                             "checkpoint_damaged") from None
+        return checkpoint
 
     def _ask_workers(self, call: Callable[[int], Any], workers: list[int] | None = None, replay: bool = False) -> list:
         """`call(worker)` on each of `workers` (default: every worker still in the run), resolved.

@@ -56,5 +56,26 @@ def cluster_order(gradients: np.ndarray, counts: np.ndarray, num_clusters: int) 
     present = np.flatnonzero(np.bincount(clusters, minlength=len(mass)))
     cluster_rank = np.empty(len(mass), dtype=np.int64)
     cluster_rank[present[np.lexsort((first_member[present], -mass[present]))]] = np.arange(len(present))
-    order = np.lexsort((ids, -counts, cluster_rank[clusters]))
-    return ClientOrder(order=order, labels=cluster_rank[clusters])
+    labels = cluster_rank[clusters]
+    return ClientOrder(order=fill_order(labels, counts), labels=labels)
+
+
+def fill_order(labels: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The order of clients 0..N-1 whose clusters, numbered in the order they come, are `labels`:
+    by cluster, then by descending importance (sample count), then by id."""
+    return np.lexsort((np.arange(len(labels)), -np.asarray(counts, dtype=np.int64), labels))
+
+
+def order_problem(order: np.ndarray, labels: np.ndarray, counts: np.ndarray, num_clusters: int) -> str | None:
+    """Why (`order`, `labels`) cannot be cluster_order's for clients with sample counts `counts` in
+    at most `num_clusters` clusters, or None."""
+    num_clients = len(counts)
+    if not np.array_equal(np.sort(order), np.arange(num_clients)):
+        return f"order is not a permutation of the clients 0-{num_clients - 1}"
+    used = np.unique(labels)
+    most = min(num_clusters, num_clients)
+    if not np.array_equal(used, np.arange(len(used))) or len(used) > most:
+        return f"labels are not clusters numbered 0, 1, ... (at most {most})"
+    if not np.array_equal(order, fill_order(labels, counts)):
+        return "order is not the clusters' order for its labels and the clients' sample counts"
+    return None

@@ -3,12 +3,15 @@ clock offers, with the selector's aggregation weights, from the stream (seed, ro
 selector's state: CACS's order of the clients, which its warm-up fixes before round 0."""
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import numpy as np
 import torch
 
 from rayfed.registry import SELECTORS
 from rayfed.seeding import Purpose, numpy_rng
-from rayfed.selection.clusters import ClientOrder, cluster_order
+from rayfed.selection.clusters import ClientOrder, cluster_order, order_problem
 from rayfed.selection.selectors import Selection, select
 from rayfed.systems.availability import AllClients
 
@@ -35,7 +38,10 @@ class ClientSampler:
         return {client: float(sizes[client] / total) for client in clients}
 
     def needs_warmup(self) -> bool:
-        return SELECTORS.get(self.section.selector).warmup and self.client_order is None
+        return self.warms_up() and self.client_order is None
+
+    def warms_up(self) -> bool:
+        return SELECTORS.get(self.section.selector).warmup
 
     def extensions(self) -> list[tuple[str, dict]]:
         return [("selection_warmup", {})] if self.needs_warmup() else []
@@ -54,3 +60,52 @@ class ClientSampler:
     def restore(self, snapshot: dict | None) -> None:
         self.client_order = None if snapshot is None else ClientOrder(snapshot["order"].cpu().numpy(),
                                                                       snapshot["labels"].cpu().numpy())
+
+    def snapshot_problem(self, snapshot: Any, warmup_summary: Any) -> str | None:
+        """Why `snapshot` (a checkpoint's client_order) with the server's account of the warm-up
+        (warmup_summary) cannot be this selector's after a round, or None. A selector with a warm-up
+        fixed its order before round 1: CACS's order of every client for cluster labels, counted in
+        the account; any other selector holds neither."""
+        selector = f"selection.selector={self.section.selector}"
+        if not self.warms_up():
+            if snapshot is not None or warmup_summary is not None:
+                return f"client_order or warmup_summary is set, but {selector} has no warm-up"
+            return None
+        num_clients = len(self.client_sizes)
+        if not isinstance(snapshot, dict) or set(snapshot) != {"order", "labels"}:
+            return f"client_order is {_kind(snapshot)}, expected the order and labels that {selector}'s warm-up fixed"
+        for key in ("order", "labels"):
+            value = snapshot[key]
+            if not isinstance(value, torch.Tensor) or value.dtype != torch.int64 or tuple(value.shape) != (num_clients,):
+                return f"client_order's {key} is {_kind(value)}, expected an int64 tensor of shape ({num_clients},)"
+        labels = snapshot["labels"].numpy()
+        problem = order_problem(snapshot["order"].numpy(), labels, self.client_sizes, self.section.cacs_clusters)
+        if problem:
+            return f"client_order's {problem}"
+        return self._summary_problem(warmup_summary, labels)
+
+    def _summary_problem(self, summary: Any, labels: np.ndarray) -> str | None:
+        rounds, num_clients = self.section.cacs_warmup_rounds, len(labels)
+        keys = ["rounds", "client_rounds", "train_loss", "bytes_up", "bytes_down", "clusters", "cluster_sizes"]
+        if not isinstance(summary, dict) or list(summary) != keys:
+            return f"warmup_summary is {_kind(summary)}, expected the account of the warm-up ({', '.join(keys)})"
+        sizes = np.bincount(labels).tolist()
+        expected = {"rounds": rounds, "client_rounds": rounds * num_clients, "clusters": len(sizes),
+                    "cluster_sizes": sizes}
+        for key, value in expected.items():
+            if summary[key] != value or type(summary[key]) is not type(value):
+                return f"warmup_summary's {key} is {summary[key]!r}, expected {value!r}"
+        losses = summary["train_loss"]
+        if not isinstance(losses, list) or len(losses) != rounds \
+                or not all(type(loss) is float and math.isfinite(loss) for loss in losses):
+            return f"warmup_summary's train_loss is not {rounds} finite losses"
+        for key in ("bytes_up", "bytes_down"):
+            if type(summary[key]) is not int or summary[key] < 0:
+                return f"warmup_summary's {key} is {summary[key]!r}, expected a count of bytes"
+        return None
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+    return "None" if value is None else f"a {type(value).__name__}"
