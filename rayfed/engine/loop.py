@@ -72,6 +72,11 @@ def play_round(engine: Engine, round: int, clients_keep_state: bool, faults: Fau
     delivered, failed = engine.settle(calls, wait=settled_first)
     for worker in range(len(engine.workers)):
         enact_due(engine, faults, worker, round, "delivered")
+    for worker in calls:
+        # Actor calls run in submission order, so this lands before the worker's next round (and a
+        # worker's commit runs while the server steps). A worker that died has nothing to commit: its
+        # clients go back to the last checkpoint.
+        (engine.workers[worker].commit if worker in delivered else engine.workers[worker].discard)()
     enact_due(engine, faults, SERVER, round, "step")
     try:
         (metrics, reply, next_plan), next_down = _step(engine, round, plan, per_worker, delivered, failed)
@@ -80,9 +85,6 @@ def play_round(engine: Engine, round: int, clients_keep_state: bool, faults: Fau
             raise
         delivered, failed = engine.settle(calls, wait=True)
         (metrics, reply, next_plan), next_down = _step(engine, round, plan, per_worker, delivered, failed)
-    for worker in calls:
-        # Actor calls run in submission order, so this lands before the worker's next round.
-        (engine.workers[worker].commit if worker in delivered else engine.workers[worker].discard)()
     turn = Turn(round, per_worker, delivered, failed, reply, clients_keep_state)
     for extension in extensions:
         metrics.update(extension.after_step(engine, turn, metrics))
