@@ -206,7 +206,7 @@ def test_the_worker_sends_the_encoded_message_and_the_server_aggregates_what_it_
     plan = server.sample(0)
     sampled = plan.participants
     down = server.broadcast()
-    packed = worker.train(0, down, sampled)
+    packed = worker.train(0, down, sampled, 0.0)
     assert (set(packed.tensors) == {"model_change:norm", "model_change:levels"}
             and packed.tensors["model_change:levels"].dtype == torch.int8)
     compressor = build_compressor(config.compression, server.model.blocks)

@@ -405,12 +405,12 @@ def test_t10_a_clients_round_is_the_same_wherever_and_whenever_it_trains():
     workers = [ClientWorker(config, (dataset.train_x, dataset.train_y), partition, dataset.input_shape,
                             dataset.num_classes, index, 2) for index in range(2)]
     down = Broadcast({"params": workers[0].model.params.clone()}, workers[0].model.buffers.clone())
-    fresh = workers[0].train(5, down, [3]).unpack()[0].upload.tensors["model_change"]
+    fresh = workers[0].train(5, down, [3], 0.0).unpack()[0].upload.tensors["model_change"]
     for round in range(5):
-        workers[1].train(round, down, [3, 4])
-    again = workers[1].train(5, down, [3]).unpack()[0].upload.tensors["model_change"]
+        workers[1].train(round, down, [3, 4], 0.0)
+    again = workers[1].train(5, down, [3], 0.0).unpack()[0].upload.tensors["model_change"]
     assert torch.equal(fresh, again)
-    assert not torch.equal(fresh, workers[1].train(6, down, [3]).unpack()[0].upload.tensors["model_change"])
+    assert not torch.equal(fresh, workers[1].train(6, down, [3], 0.0).unpack()[0].upload.tensors["model_change"])
 
 
 # ---- CACS's warm-up (§3.7) ----

@@ -10,7 +10,7 @@ from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult, Worker
 def test_a_broadcast_and_a_worker_result_travel_as_numpy_arrays_with_the_same_bits():
     generator = torch.Generator().manual_seed(0)
     down = Broadcast({"params": torch.randn(7, generator=generator),
-                      "half": torch.randn(3, generator=generator).bfloat16()}, torch.arange(4.0), sent_at=1.5)
+                      "half": torch.randn(3, generator=generator).bfloat16()}, torch.arange(4.0))
     result = WorkerResult.pack([ClientResult(client, Upload({"model_change": torch.randn(5, generator=generator),
                                                              "count": torch.tensor([client])}, 10 + client,
                                                             {"train_loss": 0.5 + client}),
@@ -37,7 +37,7 @@ def test_an_array_read_only_in_the_object_store_arrives_as_a_writable_tensor_of_
     array = np.arange(6, dtype=np.float32)
     array.flags.writeable = False
     rebuild = Broadcast({}, torch.zeros(0)).__reduce__()[0]
-    down = rebuild(Broadcast, ({"params": array}, np.zeros(0, np.float32), 0.0))
+    down = rebuild(Broadcast, ({"params": array}, np.zeros(0, np.float32)))
     down.tensors["params"].add_(1)
     assert array.tolist() == [0, 1, 2, 3, 4, 5]
     assert down.tensors["params"].tolist() == [1, 2, 3, 4, 5, 6]

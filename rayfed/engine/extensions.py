@@ -13,6 +13,7 @@ A worker that dies in a hook raises WorkerLost (before_rounds: the supervisor re
 hook starts over) or joins `turn.failed` (after_step: the supervisor revives it after the round)."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,7 +117,7 @@ class SelectionWarmup(Extension):
         per_worker = assign_to_workers(clients, len(engine.workers), clients_keep_state)
         for round in range(rounds):
             down = engine.server.broadcast()
-            results = engine.get([engine.workers[w].warmup_train(round, down, ids) for w, ids in per_worker.items()])
+            results = engine.get([engine.workers[w].warmup_train(round, down, ids, time.time()) for w, ids in per_worker.items()])
             engine.get([engine.workers[w].discard() for w in per_worker])
             engine.get(engine.server.warmup_step(round, *results))
         down = engine.server.broadcast()

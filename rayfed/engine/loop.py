@@ -6,6 +6,7 @@ them. The round never touches uploads: they go from the workers to the server di
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -64,7 +65,7 @@ def play_round(engine: Engine, round: int, clients_keep_state: bool, faults: Fau
     per_worker = assign_to_workers(plan.participants, len(engine.workers), clients_keep_state)
     for worker in per_worker:
         enact_due(engine, faults, worker, round, "train")
-    calls = {w: engine.workers[w].train(round, start.down, ids) for w, ids in per_worker.items()}
+    calls = {w: engine.workers[w].train(round, start.down, ids, time.time()) for w, ids in per_worker.items()}
     # Unless a fault must strike once the uploads are in, the step goes out at once with every worker's
     # results, which it waits for where it runs; when a worker died, the step never ran (Ray fails a
     # call whose argument failed) and the round settles again, waiting for each worker.

@@ -53,7 +53,6 @@ class Broadcast(ShippedAsNumpy):
 
     tensors: dict[str, Tensor]
     buffers: Tensor
-    sent_at: float = 0.0        # when the server sent it (time.time()), for the round's phase timings
 
     @property
     def nbytes(self) -> int:
@@ -79,8 +78,8 @@ class ClientResult:
 @dataclass
 class WorkerTiming:
     """When a worker's train call ran, in wall-clock seconds (time.time(), comparable across the
-    processes of one machine), how long it waited for the broadcast, and how long its training and
-    packing took."""
+    processes of one machine): how long after the driver sent it the call started (the broadcast
+    on its way), and how long its training and packing took."""
 
     waited_s: float
     train_s: float

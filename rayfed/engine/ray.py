@@ -120,8 +120,8 @@ class WorkerHandle(RemoteHandle):
     def __getattr__(self, name: str) -> Callable:
         return lambda *args: self.actor.call.remote(name, *args)
 
-    def train(self, round: int, down, client_ids: list[int]):
-        return self.actor.call_with_status.options(num_returns=2).remote("train", round, down, client_ids)
+    def train(self, round: int, down, client_ids: list[int], sent_at: float):
+        return self.actor.call_with_status.options(num_returns=2).remote("train", round, down, client_ids, sent_at)
 
 
 # A worker whose process is gone, or that Ray cannot reach while restarting it.

@@ -94,8 +94,8 @@ class Server:
                                    sample_s=time.perf_counter() - started)
 
     def broadcast(self) -> Broadcast:
-        """The round's downlink, as sent to the workers, stamped with when it left."""
-        return dataclasses.replace(self.aggregation.broadcast(), sent_at=time.time())
+        """The round's downlink, as sent to the workers."""
+        return self.aggregation.broadcast()
 
     def step(self, round: int, plan: RoundPlan, *worker_results: WorkerResult,
              lost: list[int] = ()) -> tuple[dict, tuple[dict[str, Tensor], set[int]] | None]:
@@ -152,7 +152,10 @@ class Server:
         metrics, reply = self.step(round, plan, *worker_results, lost=lost)
         if round + 1 >= self.rounds or not self.clock.samples_purely():
             return (metrics, reply, None), None
-        return (metrics, reply, self.sample(round + 1)), self.broadcast()
+        # Its planning time counts in this round, where it ran.
+        next_plan = self.sample(round + 1)
+        metrics["phase_s"]["sample"] += next_plan.sample_s
+        return (metrics, reply, dataclasses.replace(next_plan, sample_s=0.0)), self.broadcast()
 
     def extensions(self) -> list[tuple[str, dict]]:
         """What the components add to the run, each naming its own hooks for the driver
@@ -282,7 +285,9 @@ def _bytes(tensors: dict[str, Tensor] | None) -> int:
 
 def _phases(plan: RoundPlan, worker_results: tuple[WorkerResult, ...], step_started_at: float, server_step_s: float,
             unpack_s: float, eval_s: float) -> dict:
-    """Where the round's time went. Differences of time.time() between processes: meaningful on one machine."""
+    """Where the round's time went. Differences of time.time() between processes: meaningful on one machine.
+    `sample` is the planning done in this round: the next round's, where the step plans it
+    (step_and_plan_next); `broadcast`, from the driver's train calls to the slowest worker's start."""
     timings = [packed.timing for packed in worker_results if packed.timing is not None]
     return {
         "sample": plan.sample_s,

@@ -187,14 +187,16 @@ class ClientWorker:
         # The client-state classes known to be declared (Algorithm.state_classes): each is checked once.
         self.checked_state_types: set[type] = set()
 
-    def train(self, round: int, down: Broadcast, client_ids: list[int]) -> WorkerResult | WorkerSums:
-        return self._train(round, down, client_ids, self.config.seed)
+    def train(self, round: int, down: Broadcast, client_ids: list[int], sent_at: float) -> WorkerResult | WorkerSums:
+        """`sent_at`: when the driver sent the call (time.time()), for the round's phase timings."""
+        return self._train(round, down, client_ids, self.config.seed, sent_at)
 
-    def warmup_train(self, round: int, down: Broadcast, client_ids: list[int]) -> WorkerResult:
+    def warmup_train(self, round: int, down: Broadcast, client_ids: list[int], sent_at: float) -> WorkerResult:
         """A round of the selector's warm-up (selection.selector=cacs), whose random streams are its own."""
-        return self._train(round, down, client_ids, self._warmup_seed())
+        return self._train(round, down, client_ids, self._warmup_seed(), sent_at)
 
-    def _train(self, round: int, down: Broadcast, client_ids: list[int], seed: int) -> WorkerResult | WorkerSums:
+    def _train(self, round: int, down: Broadcast, client_ids: list[int], seed: int,
+               sent_at: float) -> WorkerResult | WorkerSums:
         started_at, started = time.time(), time.perf_counter()
         tensors = {name: t.to(self.device) for name, t in down.tensors.items()}
         buffers = down.buffers.to(self.device)
@@ -210,7 +212,7 @@ class ClientWorker:
             results = [self._train_client(round, client_id, tensors, buffers, seed) for client_id in client_ids]
             trained = time.perf_counter()
             packed = WorkerResult.pack(results) if weighting is None else WorkerSums.pack(results, weighting)
-        packed.timing = WorkerTiming(started_at - down.sent_at, trained - started, time.perf_counter() - trained,
+        packed.timing = WorkerTiming(started_at - sent_at, trained - started, time.perf_counter() - trained,
                                      time.time())
         return packed
 
