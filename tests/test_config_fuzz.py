@@ -1,6 +1,7 @@
 """Property: whatever keys and values `rayfed config` is given, as overrides or in a YAML file, it
 either prints a config that loads back to itself (exit 0) or says what is wrong in one line (exit 2),
 never a traceback."""
+import functools
 import math
 import pathlib
 import tempfile
@@ -17,6 +18,7 @@ KEYS = all_keys()
 MISSPELLED_KEYS = ["train.round", "algorithm.lr", "model", "data", "engine.backend.x", "seedling", "a\nb", "x\0y"]
 
 
+@functools.cache
 def plausible(key):
     """Values of the key's declared type, mostly in range: configs that now and then resolve."""
     section, _, leaf = key.rpartition(".")
@@ -43,6 +45,7 @@ def _plausible(declared):
     return st.sampled_from(["last_local", "global", "model", "tensor", "ray://head:10001"]) | st.text(max_size=8)
 
 
+@functools.cache
 def scalars():
     edge_numbers = st.sampled_from([0, -1, 1, 2, 10**7, 10**7 + 1, 2**63, 10**30, 10**400, -0.0, 0.5, 1.0, 1e6,
                                     1e12, 1e308, math.nan, math.inf, -math.inf, 1e-320])
@@ -51,6 +54,7 @@ def scalars():
     return st.none() | st.booleans() | edge_numbers | edge_strings | st.integers() | st.floats() | st.text(max_size=12)
 
 
+@functools.cache
 def nested():
     return st.recursive(scalars(), lambda inner: st.lists(inner, max_size=3)
                         | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=8)

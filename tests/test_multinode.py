@@ -2,8 +2,9 @@
 with its own object store. Workers spread over the nodes, the data and a file plugin reach every
 node, the run has the local engine's bits, and a node removed mid-run is survived.
 
-Each cluster runs in a process of its own (tests/multinode_run.py): a process holds one Ray
-connection, and the session's `ray_cluster` holds this one's."""
+The clusters run in a process of their own (tests/multinode_run.py): a process holds one Ray
+connection, and the session's `ray_cluster` holds this one's. The tests' runs share that process and
+its head node; each adds and removes its own nodes."""
 import json
 import re
 import shutil
@@ -23,22 +24,58 @@ pytestmark = pytest.mark.slow
 
 REPOSITORY = Path(__file__).parents[1]
 MIFA = SYNTHETIC_MLP + ["algorithm.name=mifa", "train.rounds=5", "train.checkpoint_every=2"]
+# The head's CPUs; a scenario given fewer finds the others held.
+HEAD_CPUS = 2
 
 
-def run_on_cluster(tmp_path, overrides, ray_overrides, head_cpus, node_cpus, remove_node_at_checkpoint=None,
-                   revive_timeout_s=None, resume_on_new_node=None, delete=()):
-    """The run on the local engine and on a cluster of 1 + len(node_cpus) nodes; returns both results,
-    what the cluster saw (its nodes, where each worker and server ran) and the cluster process's stderr."""
-    spec = {"overrides": overrides, "ray_overrides": ray_overrides, "head_cpus": head_cpus, "node_cpus": node_cpus,
-            "remove_node_at_checkpoint": remove_node_at_checkpoint, "revive_timeout_s": revive_timeout_s,
-            "resume_on_new_node": resume_on_new_node, "delete": [str(path) for path in delete],
-            "out": str(tmp_path)}
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    completed = subprocess.run([sys.executable, "-m", "tests.multinode_run", str(tmp_path / "spec.json")],
-                               cwd=REPOSITORY, capture_output=True, text=True, timeout=240)
+def scenarios(folder):
+    """Each test's cluster run, by the test's name: its overrides and its cluster (see tests/multinode_run.py)."""
+    plugin = folder / "my_plugins.py"
+    return {
+        "test_two_nodes_spread_workers_and_give_the_local_bits": dict(
+            overrides=SYNTHETIC_MLP, ray_overrides=["engine.num_workers=2", "engine.placement=spread"],
+            head_cpus=2, node_cpus=[2]),
+        "test_three_nodes_run_a_file_plugin_that_exists_only_where_the_driver_loaded_it": dict(
+            overrides=[f"plugins=[{plugin}]" if entry.startswith("plugins=") else entry for entry in PLUGIN_RUN],
+            ray_overrides=["engine.num_workers=3", "engine.placement=spread"], head_cpus=1, node_cpus=[1, 1],
+            delete=[str(plugin)]),
+        "test_a_node_removed_with_no_room_left_stops_with_one_line_and_resumes_to_the_uninterrupted_bits": dict(
+            overrides=MIFA, ray_overrides=["engine.num_workers=2", "engine.placement=spread",
+                                           "engine.worker_loss=replay"],
+            head_cpus=1, node_cpus=[1], remove_node_at_checkpoint=2, revive_timeout_s=3, resume_on_new_node=1),
+        "test_a_node_removed_mid_run_loses_its_workers_clients_for_one_round_and_goes_on": dict(
+            overrides=MIFA, ray_overrides=["engine.num_workers=2", "engine.placement=spread"],
+            head_cpus=2, node_cpus=[1], remove_node_at_checkpoint=2),
+        "test_a_node_removed_mid_run_is_replayed_from_the_checkpoint_to_the_uninterrupted_bits": dict(
+            overrides=MIFA, ray_overrides=["engine.num_workers=2", "engine.placement=spread",
+                                           "engine.worker_loss=replay"],
+            head_cpus=2, node_cpus=[1], remove_node_at_checkpoint=2),
+    }
+
+
+@pytest.fixture(scope="module")
+def cluster_runs(request, tmp_path_factory):
+    """The selected tests' scenarios, run in one process on one head (tests/multinode_run.py says why)."""
+    folder = tmp_path_factory.mktemp("multinode")
+    shutil.copy(EXAMPLE, folder / "my_plugins.py")
+    selected = {item.name for item in request.session.items if item.module is request.module}
+    chosen = [{"name": name, **scenario} for name, scenario in scenarios(folder).items() if name in selected]
+    spec = {"head_cpus": HEAD_CPUS, "out": str(folder), "scenarios": chosen}
+    (folder / "spec.json").write_text(json.dumps(spec))
+    completed = subprocess.run([sys.executable, "-m", "tests.multinode_run", str(folder / "spec.json")],
+                               cwd=REPOSITORY, capture_output=True, text=True, timeout=240 * len(chosen))
     assert completed.returncode == 0, completed.stderr[-5000:]
-    local, ray = (torch.load(tmp_path / f"{name}.pt", weights_only=False) for name in ("local", "ray"))
-    return local, ray, json.loads((tmp_path / "cluster.json").read_text()), completed.stderr
+    return folder
+
+
+def run_on_cluster(cluster_runs, request):
+    """The test's run on the local engine and on its cluster; returns both results, what the cluster saw
+    (its nodes, where each worker and server ran), the run's stderr and the scenario's folder."""
+    out = cluster_runs / request.node.name
+    error = out / "error.txt"
+    assert not error.exists(), error.read_text()[-5000:]
+    local, ray = (torch.load(out / f"{name}.pt", weights_only=False) for name in ("local", "ray"))
+    return local, ray, json.loads((out / "cluster.json").read_text()), (out / "stderr.txt").read_text(), out
 
 
 def assert_same_bits(local, ray):
@@ -47,37 +84,29 @@ def assert_same_bits(local, ray):
     assert without_wall_clock(local["history"]) == without_wall_clock(ray["history"])
 
 
-def test_two_nodes_spread_workers_and_give_the_local_bits(tmp_path):
+def test_two_nodes_spread_workers_and_give_the_local_bits(cluster_runs, request):
     """Two CPUs a node: Ray's SPREAD strategy, not a full node, sends the second worker to the other node,
     which reads the data from its own object store."""
-    local, ray, cluster, _ = run_on_cluster(tmp_path, SYNTHETIC_MLP,
-                                            ["engine.num_workers=2", "engine.placement=spread"],
-                                            head_cpus=2, node_cpus=[2])
+    local, ray, cluster, _, _ = run_on_cluster(cluster_runs, request)
     assert sorted(worker["node"] for worker in cluster["workers"]) == sorted(cluster["nodes"])
     assert cluster["servers"] == [cluster["nodes"][0]]      # on the driver's node
     assert_same_bits(local, ray)
 
 
-def test_three_nodes_run_a_file_plugin_that_exists_only_where_the_driver_loaded_it(tmp_path):
+def test_three_nodes_run_a_file_plugin_that_exists_only_where_the_driver_loaded_it(cluster_runs, request):
     """The plugin's algorithm and model train on every node; its file is deleted once the driver has
     loaded it, so the workers can only have it from the driver, by value."""
-    plugin = tmp_path / "my_plugins.py"
-    shutil.copy(EXAMPLE, plugin)
-    overrides = [f"plugins=[{plugin}]" if entry.startswith("plugins=") else entry for entry in PLUGIN_RUN]
-    local, ray, cluster, _ = run_on_cluster(tmp_path, overrides, ["engine.num_workers=3", "engine.placement=spread"],
-                                            head_cpus=1, node_cpus=[1, 1], delete=[plugin])
-    assert not plugin.exists()
+    local, ray, cluster, _, _ = run_on_cluster(cluster_runs, request)
+    assert not (cluster_runs / "my_plugins.py").exists()
     assert sorted(worker["node"] for worker in cluster["workers"]) == sorted(cluster["nodes"])
     assert local["history"][-1]["test_accuracy"] > 0.5
     assert_same_bits(local, ray)
 
 
-def test_a_node_removed_mid_run_is_replayed_from_the_checkpoint_to_the_uninterrupted_bits(tmp_path):
+def test_a_node_removed_mid_run_is_replayed_from_the_checkpoint_to_the_uninterrupted_bits(cluster_runs, request):
     """engine.worker_loss=replay: the round in which the node's worker died runs again from the
     checkpoint of round 2, with the worker restarted on the head's spare CPU."""
-    local, ray, cluster, stderr = run_on_cluster(
-        tmp_path, MIFA, ["engine.num_workers=2", "engine.placement=spread", "engine.worker_loss=replay"],
-        head_cpus=2, node_cpus=[1], remove_node_at_checkpoint=2)
+    local, ray, cluster, stderr, _ = run_on_cluster(cluster_runs, request)
     assert_node_gone_and_worker_revived(cluster)
     assert re.search(r"^rayfed: worker [01] died in round 3; went back to the checkpoint of round 2 and running the "
                      r"rounds since again \(engine.worker_loss=replay\)$", stderr, re.MULTILINE), stderr[-3000:]
@@ -86,16 +115,15 @@ def test_a_node_removed_mid_run_is_replayed_from_the_checkpoint_to_the_uninterru
     assert_same_bits(local, ray)
 
 
-def test_a_node_removed_with_no_room_left_stops_with_one_line_and_resumes_to_the_uninterrupted_bits(tmp_path):
+def test_a_node_removed_with_no_room_left_stops_with_one_line_and_resumes_to_the_uninterrupted_bits(cluster_runs,
+                                                                                                      request):
     """Two one-CPU nodes, two workers: the removed node's worker has nowhere to go. The run stops
     with one line, keeping the checkpoint of round 2; resumed once a new node joined, it ends with
     the bits of an uninterrupted run."""
-    local, ray, cluster, _ = run_on_cluster(
-        tmp_path, MIFA, ["engine.num_workers=2", "engine.placement=spread", "engine.worker_loss=replay"],
-        head_cpus=1, node_cpus=[1], remove_node_at_checkpoint=2, revive_timeout_s=3, resume_on_new_node=1)
+    local, ray, cluster, _, out = run_on_cluster(cluster_runs, request)
     assert re.fullmatch(r"worker [01] died and Ray found no node with room to restart it within 3 s; stopped in "
                         r"round 3, the last checkpoint kept \(engine.worker_loss=replay\); resume from the last "
-                        rf"checkpoint with: rayfed run --resume {tmp_path / 'ray'}", cluster["stopped"])
+                        rf"checkpoint with: rayfed run --resume {out / 'ray'}", cluster["stopped"])
     head, removed, added = cluster["nodes"]
     assert removed == cluster["removed"]
     # The actor table's order is not creation order: the resumed run's workers are those created after the stop.
@@ -104,11 +132,10 @@ def test_a_node_removed_with_no_room_left_stops_with_one_line_and_resumes_to_the
     assert_same_bits(local, ray)
 
 
-def test_a_node_removed_mid_run_loses_its_workers_clients_for_one_round_and_goes_on(tmp_path):
+def test_a_node_removed_mid_run_loses_its_workers_clients_for_one_round_and_goes_on(cluster_runs, request):
     """engine.worker_loss=continue (the default): as when a worker dies on one node, the round completes
     without the dead worker's clients, whose states come back from the checkpoint of round 2."""
-    local, ray, cluster, _ = run_on_cluster(tmp_path, MIFA, ["engine.num_workers=2", "engine.placement=spread"],
-                                            head_cpus=2, node_cpus=[1], remove_node_at_checkpoint=2)
+    local, ray, cluster, _, out = run_on_cluster(cluster_runs, request)
     assert_node_gone_and_worker_revived(cluster)
     history = ray["history"]
     assert without_wall_clock(history[:2]) == without_wall_clock(local["history"][:2])
@@ -118,8 +145,8 @@ def test_a_node_removed_mid_run_loses_its_workers_clients_for_one_round_and_goes
     assert [m["round"] for m in history] == [1, 2, 3, 4, 5]
     assert all("failed_workers" not in m and m["num_participants"] == 7 for m in history[3:])
     assert cluster["servers"] == [cluster["nodes"][0]]
-    assert read_checkpoint(tmp_path / "ray").rounds_completed == 4
-    assert_mifa_invariant(tmp_path / "ray")
+    assert read_checkpoint(out / "ray").rounds_completed == 4
+    assert_mifa_invariant(out / "ray")
 
 
 def assert_node_gone_and_worker_revived(cluster):
