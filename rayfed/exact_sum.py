@@ -4,8 +4,10 @@ rounding, so that the sum does not depend on the order or the grouping of its te
 A finite float32 is m 2^e with an integer m < 2^24 and -149 <= e <= 104, so n x (n < 2^31) is the
 integer m n < 2^55 placed at bit e + 149 of a fixed-point number whose lowest bit is 2^-149
 (float32's smallest subnormal). Each coordinate keeps that number as LIMBS int64 limbs of 32-bit
-digits: a term adds its three digits to three limbs, and the 31 spare bits of a limb absorb the
-carries of up to 2^29 terms before they are propagated (normalised). Adding accumulators is adding
+digits: a term adds at most 2^33 in magnitude to each limb it spans, and the 31 spare bits
+of a limb absorb the carries of up to 2^29 terms before they are propagated (normalised). A stack of
+terms is cut into digits in float64, where m n is exact below 2^53, and summed over its rows there,
+exact below 2^53 too, before it reaches the limbs (ExactSum._add_columns). Adding accumulators is adding
 their limbs, an integer sum: associative and commutative, so a sum formed by one worker or by
 three is the same integer. Its float value is read from the canonical digits (carries propagated,
 sign and magnitude apart), a function of the exact value alone, rounded to float64 and then, after
@@ -32,10 +34,20 @@ LIMBS = 11
 LOWEST_EXPONENT = -149
 MAX_WEIGHT = 2 ** 31 - 1
 MAX_TERMS = 2 ** 31
-# Each term adds less than 2^33 to a limb; normalising before 2^29 of them keeps every limb below 2^62.
+# Each term adds at most 2^33 to a limb; normalising before 2^29 of them keeps every limb within 2^62.
 NORMALISE_EVERY = 2 ** 29
 _DIGIT_MASK = (1 << DIGIT_BITS) - 1
 _NAN, _POS_INF, _NEG_INF = 1, 2, 4
+_NON_FINITE = 0x7F800000       # the bits of a float32's exponent field: all set for NaN and the infinities
+# A term's digits are float64 integers below 2^32, summed over the rows exactly while below 2^53.
+_MAX_ROWS = 2 ** 20
+# Products m n are exact in float64 below 2^53: weights of 2^29 or more go in two parts.
+_EXACT_WEIGHT = 2 ** 29
+_WEIGHT_SPLIT = 2 ** 16
+# Rows x columns of a chunk: large enough to spread each operation's fixed cost, small enough that
+# its buffers (a few float64 digits per element) stay in cache on a CPU; a GPU takes larger chunks.
+_CHUNK_ELEMENTS = 2 ** 17
+_DEVICE_CHUNK_ELEMENTS = 2 ** 22
 
 
 class ExactSum:
@@ -68,18 +80,8 @@ class ExactSum:
             raise ValueError(f"ExactSum weights must be integers in [0, {MAX_WEIGHT}]")
         self._count(rows.shape[0])
         rows = rows.to(self.limbs.device)
-        bits = rows.contiguous().view(torch.int32)
-        negative = bits < 0
-        exponent_field = (bits >> 23) & 0xFF
-        fraction = bits & 0x7FFFFF
-        finite = exponent_field != 0xFF
-        # Normal numbers carry the implicit leading bit; subnormals have exponent field 0 and e = -149.
-        mantissa = fraction | ((exponent_field > 0).to(torch.int32) << 23)
-        signed = mantissa.masked_fill_(~finite, 0).to(torch.int64) * (1 - 2 * negative.to(torch.int64))
-        place = (exponent_field - 1).clamp_(min=0)                      # e + 149
-        self._scatter(signed * weights[:, None], place)                 # |m n| < 2^55
-        if not bool(finite.all()):
-            self._flag(~finite, fraction != 0, negative, weights)
+        for block in range(0, rows.shape[0], _MAX_ROWS):
+            self._add_rows(rows[block:block + _MAX_ROWS], weights[block:block + _MAX_ROWS])
         return self
 
     def merge(self, other: "ExactSum") -> "ExactSum":
@@ -147,27 +149,91 @@ class ExactSum:
         self.terms += terms
         self.pending += pending
 
-    def _scatter(self, product: Tensor, place: Tensor) -> None:
-        """Adds each row's signed product +-m n at its bit `place` into the limbs, as three digits:
-        product = high 2^32 + low with low in [0, 2^32) (two's complement and arithmetic shifts keep
-        that exact for negative products too)."""
-        limb, shift = (place >> 5).to(torch.int64), (place & (DIGIT_BITS - 1)).to(torch.int64)
-        low = (product & _DIGIT_MASK) << shift       # in [0, 2^63)
-        high = (product >> DIGIT_BITS) << shift      # |high| < 2^54
-        digits = (low & _DIGIT_MASK, (low >> DIGIT_BITS) + (high & _DIGIT_MASK), high >> DIGIT_BITS)
-        width = self.limbs.shape[1]
-        index = limb * width + torch.arange(width, device=self.limbs.device)
-        flat = self.limbs.view(-1)
-        for offset, digit in enumerate(digits):
-            flat.index_add_(0, (index + offset * width).reshape(-1), digit.reshape(-1))
+    def _add_rows(self, rows: Tensor, weights: Tensor) -> None:
+        """Adds at most _MAX_ROWS weighted rows, in chunks of columns."""
+        largest_weight = int(weights.max()) if weights.numel() else 0
+        if largest_weight < _EXACT_WEIGHT:
+            parts = [(weights, largest_weight)]
+        else:
+            low = weights % _WEIGHT_SPLIT
+            parts = [(low, int(low.max())), (weights - low, largest_weight)]
+        parts = [(part.to(torch.float64), largest) for part, largest in parts if largest]
+        elements = _CHUNK_ELEMENTS if rows.device.type == "cpu" else _DEVICE_CHUNK_ELEMENTS
+        chunk = max(1, elements // max(1, rows.shape[0]))
+        scratch = _Scratch(rows.shape[0], min(chunk, rows.shape[1]), rows.device)
+        for start in range(0, rows.shape[1], chunk):
+            self._add_columns(rows[:, start:start + chunk], weights, parts, start, scratch)
 
-    def _flag(self, non_finite: Tensor, is_nan: Tensor, negative: Tensor, weights: Tensor) -> None:
-        infinite = non_finite & ~is_nan
+    def _add_columns(self, values: Tensor, weights: Tensor, parts: list[tuple[Tensor, int]], start: int,
+                     scratch: "_Scratch") -> None:
+        """Adds the weighted rows of the columns start.. of `values`; `parts`: the weights, or their two
+        parts, as float64, each with its largest.
+
+        A nonzero finite float32 is m 2^(place - 149) with place = e + 149 in [0, 253] and m < 2^24.
+        Scaled by 2^(149 - 32 first), where `first` is the lowest limb that the chunk touches, n x is
+        the integer m n 2^(place - 32 first), exact in float64 (m n < 2^53). It is cut into 32-bit
+        digits from the bottom, v = 2^32 floor(v / 2^32) + digit: each digit an integer in [0, 2^32),
+        so exact, and the top one, below 2^32 in magnitude, carrying the sign (two's complement, as
+        the limbs hold it). Each digit is summed over the rows, exactly while below 2^53, before it
+        reaches the limbs."""
+        bits = values.view(torch.int32)
+        below = scratch.int32_view(bits.shape[1])
+        # Magnitude bits less 1: zeros become -1, below the rest, and wrap to the top of int32 when masked.
+        torch.bitwise_and(bits, 0x7FFFFFFF, out=below).sub_(1)
+        largest = int(below.max()) + 1 if below.numel() else 0
+        if largest >= _NON_FINITE:      # NaN and the infinities go to the flags; their terms here are zeros
+            self._flag(bits, weights, start)
+            non_finite = below >= _NON_FINITE - 1
+            values = values.masked_fill(non_finite, 0.0)
+            largest = int(below.masked_fill_(non_finite, -1).max()) + 1
+        if largest == 0:
+            return
+        smallest = int(below.bitwise_and_(0x7FFFFFFF).min()) + 1
+        first = _place(smallest) // DIGIT_BITS
+        for part, largest_weight in parts:
+            # |m n 2^(place - 32 first)| < 2^top (m < 2^24): `digits` digits hold it.
+            top = _place(largest) - DIGIT_BITS * first + 24 + largest_weight.bit_length()
+            digits = -(-top // DIGIT_BITS)
+            pieces = scratch.float64_view(bits.shape[1], digits)
+            torch.mul(values, (part * 2.0 ** (-LOWEST_EXPONENT - DIGIT_BITS * first))[:, None], out=pieces[0])
+            for digit in range(digits - 1):
+                rest, above = pieces[digit], pieces[digit + 1]
+                rest.sub_(torch.mul(rest, 2.0 ** -DIGIT_BITS, out=above).floor_(), alpha=2.0 ** DIGIT_BITS)
+            self.limbs.narrow(0, first, digits).narrow(1, start, bits.shape[1]).add_(pieces.sum(dim=1).to(torch.int64))
+
+    def _flag(self, bits: Tensor, weights: Tensor, start: int) -> None:
+        negative = bits < 0
+        non_finite = (bits & _NON_FINITE) == _NON_FINITE
+        infinite = non_finite & ((bits & 0x7FFFFF) == 0)
         # IEEE: 0 x inf is NaN.
-        nan = (non_finite & is_nan) | (infinite & (weights[:, None] == 0))
+        nan = (non_finite & ~infinite) | (infinite & (weights[:, None] == 0))
         infinite = infinite & (weights[:, None] != 0)
         for bit, hit in ((_NAN, nan), (_POS_INF, infinite & ~negative), (_NEG_INF, infinite & negative)):
-            self.flags |= hit.any(dim=0).to(torch.uint8) * bit
+            self.flags[start:start + bits.shape[1]] |= hit.any(dim=0).to(torch.uint8) * bit
+
+
+class _Scratch:
+    """Buffers for the chunks of one add, reused by each: a fresh tensor for every operation would cost
+    more than the operation (the allocator hands large blocks back, and the kernel zeroes their pages)."""
+
+    def __init__(self, rows: int, columns: int, device: torch.device):
+        self.rows = rows
+        self.int32 = torch.empty(rows * columns, dtype=torch.int32, device=device)
+        self.float64 = torch.empty(LIMBS - 1, rows * columns, dtype=torch.float64, device=device)
+
+    def int32_view(self, columns: int) -> Tensor:
+        """rows x columns."""
+        return self.int32[:self.rows * columns].view(self.rows, columns)
+
+    def float64_view(self, columns: int, digits: int) -> Tensor:
+        """digits x rows x columns."""
+        return self.float64[:digits, :self.rows * columns].view(digits, self.rows, columns)
+
+
+def _place(magnitude: int) -> int:
+    """e + 149 for the nonzero float32 of these magnitude bits: subnormals have exponent field 0 and
+    e = -149, as do the normals of field 1 (with the implicit bit)."""
+    return max((magnitude >> 23) - 1, 0)
 
 
 def _propagate(limbs: Tensor) -> None:

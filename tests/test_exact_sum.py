@@ -139,3 +139,77 @@ def test_an_empty_vector_and_a_matrix_shape():
     assert ExactSum((0,)).add(torch.zeros(4, 0), [1, 2, 3, 4]).value().shape == (0,)
     matrix = torch.randn(2, 3)
     assert torch.equal(ExactSum((2, 3)).add(matrix).mean(1), matrix)
+
+
+def scattered(values: torch.Tensor, weights: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalised limbs and flags as the first ExactSum formed them: each term +-m n split into three
+    int64 digits at its limb and added there with index_add_, the reference for the faster add."""
+    bits = values.reshape(len(values), -1).view(torch.int32)
+    weight = torch.tensor(weights, dtype=torch.int64)[:, None]
+    exponent_field, fraction, negative = (bits >> 23) & 0xFF, bits & 0x7FFFFF, bits < 0
+    finite = exponent_field != 0xFF
+    mantissa = (fraction | ((exponent_field > 0).to(torch.int32) << 23)).masked_fill(~finite, 0)
+    product = mantissa.to(torch.int64) * torch.where(negative, -1, 1) * weight
+    place = (exponent_field - 1).clamp(min=0).to(torch.int64)
+    low, high = (product & 0xFFFFFFFF) << (place & 31), (product >> 32) << (place & 31)
+    width = bits.shape[1]
+    limbs = torch.zeros(LIMBS * width, dtype=torch.int64)
+    index = (place >> 5) * width + torch.arange(width)
+    for offset, digit in enumerate((low & 0xFFFFFFFF, (low >> 32) + (high & 0xFFFFFFFF), high >> 32)):
+        limbs.index_add_(0, (index + offset * width).reshape(-1), digit.reshape(-1))
+    limbs = limbs.view(LIMBS, width)
+    exact_sum._propagate(limbs)
+    infinite = ~finite & (fraction == 0)
+    nan = (~finite & (fraction != 0)) | (infinite & (weight == 0))
+    infinite &= weight != 0
+    hits = ((exact_sum._NAN, nan), (exact_sum._POS_INF, infinite & ~negative), (exact_sum._NEG_INF, infinite & negative))
+    flags = sum(hit.any(dim=0).to(torch.uint8) * bit for bit, hit in hits)
+    return limbs, flags
+
+
+def stacks():
+    """(values, weights): model changes, awkward magnitudes, extremes that cancel, non-finite terms
+    with zero weights, weights on both sides of 2^29 and of 2^16, and many rows."""
+    generator = torch.Generator().manual_seed(5)
+    scales = 10.0 ** torch.empty(12, 3000).uniform_(-8, -1, generator=generator)
+    changes = torch.randn(12, 3000, generator=generator) * scales
+    yield changes, torch.randint(1, 700, (12,), generator=generator).tolist()
+    yield changes, [1] * 12
+    yield awkward_values(len(WEIGHTS), 2000, seed=6), WEIGHTS
+    largest, tiny = torch.finfo(torch.float32).max, 2.0 ** -149
+    extremes = torch.tensor([[largest, -largest, tiny, -tiny, largest, 1.0, -0.0],
+                             [-largest, largest, -tiny, tiny, largest, -(2.0 ** -126), 0.0],
+                             [tiny, -tiny, largest, -largest, -largest, 2.0 ** -127, tiny]])
+    for weights in ([2 ** 31 - 1, 2 ** 31 - 1, 2 ** 29], [2 ** 29 - 1, 2 ** 29, 65535], [65536, 0, 1]):
+        yield extremes, weights
+    non_finite = awkward_values(6, 500, seed=7)
+    non_finite[0, :100:3], non_finite[1, 50:150:4], non_finite[2, 20:300:5] = INF, -INF, NAN
+    non_finite[3, :200:7] = INF
+    yield non_finite, [5, 2 ** 31 - 1, 1, 0, 3, 2 ** 16]
+    yield awkward_values(1500, 40, seed=8), torch.randint(0, 2 ** 31, (1500,), generator=generator).tolist()
+
+
+@pytest.mark.parametrize("chunk_elements, max_rows", [(exact_sum._CHUNK_ELEMENTS, exact_sum._MAX_ROWS), (60, 7)])
+def test_the_add_gives_the_limbs_and_flags_of_the_reference_scatter(monkeypatch, chunk_elements, max_rows):
+    monkeypatch.setattr(exact_sum, "_CHUNK_ELEMENTS", chunk_elements)
+    monkeypatch.setattr(exact_sum, "_MAX_ROWS", max_rows)
+    for values, weights in stacks():
+        total = ExactSum(values.shape[1:]).add(values, weights)
+        total.normalise()
+        limbs, flags = scattered(values, weights)
+        assert torch.equal(total.limbs, limbs)
+        assert torch.equal(total.flags, flags)
+        # Where a term is not finite the value is what float64 addition gives: NaN, or that infinity.
+        reference = (values.double() * torch.tensor(weights, dtype=torch.float64)[:, None]).sum(dim=0)
+        value = total.value()
+        assert torch.equal(value.isnan(), reference.isnan())
+        assert torch.equal(value[reference.isinf()], reference[reference.isinf()])
+
+
+def test_more_rows_than_float64_sums_hold_exactly():
+    # 65537 255 (2^8 + 1) = 2^32 - 1 at a limb's lowest bit: the odd sum of 2^21 + 1 such digits
+    # passes 2^53, where float64 holds only even integers.
+    x = float(65537 * 255 * 2 ** 11)
+    rows = 2 ** 21 + 1
+    total = ExactSum((2,)).add(torch.tensor([[x, -x]]).expand(rows, 2), 257)
+    assert held(total) == [Fraction(x) * 257 * rows, -Fraction(x) * 257 * rows]
