@@ -113,9 +113,8 @@ class WorkerResult(ShippedAsNumpy):
     def from_stacked(cls, client_ids: list[int], upload: Upload, buffers: Tensor) -> "WorkerResult":
         """From a vectorised upload (tensors and metrics stacked over `client_ids`); every client
         keeps the broadcast's buffers, since vectorised models have no BatchNorm statistics."""
-        metrics = {name: values.tolist() for name, values in upload.metrics.items()}
         return cls(client_ids=list(client_ids), num_samples=list(upload.num_samples),
-                   metrics=[{name: values[row] for name, values in metrics.items()} for row in range(len(client_ids))],
+                   metrics=unstacked_metrics(upload.metrics, len(client_ids)),
                    tensors={name: stacked.cpu() for name, stacked in upload.tensors.items()},
                    buffers=buffers.cpu().expand(len(client_ids), -1).clone())
 
@@ -176,8 +175,7 @@ class WorkerSums(ShippedAsNumpy):
         None, `upload.metrics` stacked too, as a vectorised upload's) and the clients' buffers (rows)."""
         num_samples = [int(n) for n in upload.num_samples]
         if metrics is None:
-            stacked = {name: values.tolist() for name, values in upload.metrics.items()}
-            metrics = [{name: values[row] for name, values in stacked.items()} for row in range(len(client_ids))]
+            metrics = unstacked_metrics(upload.metrics, len(client_ids))
         weights = 1 if weighting == "uniform" else num_samples
         row_bytes = (sum(t[0].numel() * t.element_size() for t in upload.tensors.values())
                      + buffers[0].numel() * buffers.element_size())
@@ -197,3 +195,9 @@ class WorkerSums(ShippedAsNumpy):
         return [ClientRecord(client_id, Upload({}, self.num_samples[row], self.metrics[row]), self.nbytes[row],
                              self.floats[row])
                 for row, client_id in enumerate(self.client_ids)]
+
+
+def unstacked_metrics(stacked: dict[str, Tensor], clients: int) -> list[dict[str, float]]:
+    """A vectorised upload's metrics, stacked over its clients, as one dict per client."""
+    values = {name: column.tolist() for name, column in stacked.items()}
+    return [{name: column[row] for name, column in values.items()} for row in range(clients)]
