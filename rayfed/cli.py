@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import signal
 import sys
 
@@ -30,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+# Built once per process: parsing leaves the parser as it was, and the tests call main() thousands of times.
+@functools.cache
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rayfed", description="Federated-learning simulator on Ray.")
     commands = parser.add_subparsers(dest="command", required=True)

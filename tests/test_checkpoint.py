@@ -18,6 +18,8 @@ from rayfed.metrics import MetricsLog
 from tests.test_engine_equivalence import SYNTHETIC_MLP, assert_same_run
 
 ROUNDS = ["train.rounds=7", "train.eval_every=2", "train.checkpoint_every=2"]
+# One worker runs the module, so that its interrupted runs (resumable) are made once.
+pytestmark = pytest.mark.xdist_group("checkpoint")
 
 
 def interrupted(tmp_path, overrides, monkeypatch, fail_at_round=5, name="interrupted"):

@@ -21,6 +21,8 @@ from tests.test_engine_equivalence import assert_same_run
 from tests.test_plugins import forget_plugins
 
 PLUGIN_ALGORITHM = "drift_fedavg"
+# One worker runs the module, so that each algorithm's checkpoint is built once.
+pytestmark = pytest.mark.xdist_group("checkpoint_content")
 
 
 @pytest.fixture(scope="module")

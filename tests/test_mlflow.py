@@ -17,6 +17,8 @@ from tests.test_engine_equivalence import SYNTHETIC_MLP
 from tests.test_sweep import BASE, write_sweep
 
 LOCAL = SYNTHETIC_MLP + ["engine.backend=local", "logging.mlflow=true"]
+# One worker runs the module: it shares one MLflow store (store).
+pytestmark = pytest.mark.xdist_group("mlflow")
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,8 @@ from tests.test_engine_equivalence import SYNTHETIC_MLP, without_wall_clock
 from tests.test_faults import assert_mifa_invariant
 from tests.test_plugins import EXAMPLE, RUN as PLUGIN_RUN
 
-pytestmark = pytest.mark.slow
+# One worker runs the module: its tests share one cluster run (cluster_runs).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("multinode")]
 
 REPOSITORY = Path(__file__).parents[1]
 MIFA = SYNTHETIC_MLP + ["algorithm.name=mifa", "train.rounds=5", "train.checkpoint_every=2"]
