@@ -72,6 +72,50 @@ def test_t16_t17_t18_large_clients_determinism_and_the_papers_counterexample():
     assert (paper ** 2).sum() == pytest.approx(0.88)
 
 
+
+def dense_table(counts, num_draws, order):
+    """Q in closed form over the whole clients x draws grid: what selection built before it kept only the
+    nonzero entries (acs_columns), and the reference for them."""
+    total = int(counts.sum())
+    ends = np.cumsum(num_draws * counts[order])
+    starts = ends - num_draws * counts[order]
+    draw_starts = np.arange(num_draws, dtype=np.int64) * total
+    overlap = np.minimum(ends[:, None], draw_starts + total) - np.maximum(starts[:, None], draw_starts)
+    table = np.zeros((len(counts), num_draws))
+    table[order] = np.maximum(overlap, 0) / total
+    return table
+
+
+def dense_draws(table, rng):
+    """One draw per column of the whole table, as selection drew them before."""
+    cumulative = np.cumsum(table, axis=0)
+    return (cumulative > rng.random(table.shape[1]) * cumulative[-1]).argmax(axis=0)
+
+
+@pytest.mark.parametrize("selector", ["acs", "cacs"])
+def test_acs_and_cacs_draw_the_clients_and_weights_they_drew_from_the_whole_table(selector):
+    """acs and cacs keep only Q's nonzero entries (at most N + M - 1, so N = 10^6 fits); every draw,
+    weight and table entry is the one the whole N x M table gave, bit for bit."""
+    rng = np.random.default_rng(21)
+    for case in range(300):
+        num_clients = int(rng.integers(1, 90))
+        counts = rng.integers(0 if case % 3 == 0 else 1, 60, size=num_clients)
+        counts[rng.integers(num_clients)] += 1              # some client has a sample
+        num_draws = int(rng.integers(1, 2 * num_clients + 3))
+        # cacs fills the table in its warm-up's order of the clients (here all online, ids 0..N-1)
+        order = rng.permutation(num_clients) if selector == "cacs" else acs_order(counts)
+        table = dense_table(counts, num_draws, order)
+        assert np.array_equal(acs_table(counts, num_draws, order), table)
+        seed = int(rng.integers(2 ** 32))
+        drawn = dense_draws(table, np.random.default_rng(seed))
+        ids, first_positions, times = np.unique(drawn, return_index=True, return_counts=True)
+        in_order = np.argsort(first_positions, kind="stable")
+        selection = select(selector, np.arange(num_clients), counts, num_draws, np.random.default_rng(seed),
+                           order=order if selector == "cacs" else None)
+        assert np.array_equal(selection.clients, ids[in_order])
+        assert np.array_equal(selection.weights, times[in_order] / num_draws)
+
+
 def monte_carlo(selector, counts, num_draws, vectors, variant="paper"):
     """Per round: each client's weight (0 when not selected), the aggregate, the weights' sum."""
     rng = np.random.default_rng(11)
@@ -268,14 +312,13 @@ def test_t24_cacs_draws_are_unbiased_with_the_exact_second_moment():
 
 
 def test_cacs_fills_the_draws_in_pi_restricted_to_the_online_clients():
-    from rayfed.selection.selectors import _draw_columns
     counts = np.array([10, 20, 30, 40, 50, 60])
     order = np.array([5, 0, 3, 1, 4, 2])
     online = np.array([0, 1, 3, 5])
     restricted = acs_table(counts[online], 2, np.array([3, 0, 2, 1]))      # clients 5, 0, 3, 1: pi without 4, 2
     for seed in range(20):
         chosen = select("cacs", online, counts[online], 2, np.random.default_rng(seed), order=order)
-        draws = online[_draw_columns(restricted, np.random.default_rng(seed))]
+        draws = online[dense_draws(restricted, np.random.default_rng(seed))]
         assert chosen.clients.tolist() == list(dict.fromkeys(draws.tolist()))
 
 

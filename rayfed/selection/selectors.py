@@ -19,7 +19,7 @@ import numpy as np
 
 from rayfed.errors import ConfigError
 from rayfed.registry import SELECTORS
-from rayfed.selection.table import acs_table
+from rayfed.selection.table import acs_columns
 
 UCS_VARIANTS = ("paper", "reference_code")
 
@@ -86,7 +86,7 @@ def _md(request: SelectionRequest) -> Selection:
 
 @register_selector("acs")
 def _acs(request: SelectionRequest) -> Selection:
-    return _counted(request, _draw_columns(acs_table(request.counts, request.size), request.rng))
+    return _counted(request, _draw_columns(acs_columns(request.counts, request.size), request.rng))
 
 
 @register_selector("ucs", unit_weight_sum=False)
@@ -106,7 +106,7 @@ def _cacs(request: SelectionRequest) -> Selection:
     rank = np.empty(len(order), dtype=np.int64)
     rank[order] = np.arange(len(order))
     positions = np.argsort(rank[np.asarray(request.candidates)], kind="stable")
-    return _counted(request, _draw_columns(acs_table(request.counts, request.size, positions), request.rng))
+    return _counted(request, _draw_columns(acs_columns(request.counts, request.size, positions), request.rng))
 
 
 def _counted(request: SelectionRequest, draws: np.ndarray) -> Selection:
@@ -114,12 +114,14 @@ def _counted(request: SelectionRequest, draws: np.ndarray) -> Selection:
     return Selection(request.candidates[first], counted / request.size)
 
 
-def _draw_columns(table: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """One independent draw from each column's distribution."""
-    cumulative = np.cumsum(table, axis=0)
-    uniforms = rng.random(table.shape[1]) * cumulative[-1]
-    # The first row whose cumulative mass exceeds the uniform; rows of zero mass are never chosen.
-    return (cumulative > uniforms).argmax(axis=0)
+def _draw_columns(columns: list[tuple[np.ndarray, np.ndarray]], rng: np.random.Generator) -> np.ndarray:
+    """One independent draw from each column's distribution (acs_columns): the first client, in id
+    order, whose cumulative mass exceeds a uniform on the column's total. The same floats as the
+    cumulative sum down a column of the whole table, whose zero entries add nothing."""
+    cumulative = [np.cumsum(masses) for _, masses in columns]
+    uniforms = rng.random(len(columns)) * np.array([column[-1] for column in cumulative])
+    return np.array([clients[np.searchsorted(column, uniform, side="right")]
+                     for (clients, _), column, uniform in zip(columns, cumulative, uniforms)], dtype=np.int64)
 
 
 def _first_and_counts(draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
