@@ -23,7 +23,8 @@ def acs_order(importances: np.ndarray) -> np.ndarray:
     return np.argsort(keys, kind="stable")
 
 
-def acs_columns(counts: np.ndarray, num_draws: int, order: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+def acs_columns(counts: np.ndarray, num_draws: int,
+                order: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """Q's nonzero entries, column by column: for each draw, its clients (ascending ids) and their
     masses Q[i, m], for importances p_i = counts_i / sum(counts), integer counts. A client spans the
     draws its interval meets, so Q has at most N + M - 1 nonzero entries: a round at N = 10^6 needs
