@@ -66,6 +66,22 @@ def test_a_run_is_logged_to_mlflow_as_its_run_directory_holds_it(tmp_path, track
     assert json.loads(downloaded.read_text()) == result.summary
 
 
+
+def test_an_experiment_another_trial_created_after_the_lookup_is_joined(tmp_path, tracking, monkeypatch):
+    """A sweep's trials start together: each looks the experiment up, finds none, and all but the
+    first find it created when they create it. Here another trial creates it just after this run's lookup."""
+    lookup = MlflowClient.get_experiment_by_name
+
+    def created_meanwhile(client, name):
+        monkeypatch.setattr(MlflowClient, "get_experiment_by_name", lookup)
+        client.create_experiment(name)
+        return None
+    monkeypatch.setattr(MlflowClient, "get_experiment_by_name", created_meanwhile)
+    result = rayfed.run(rayfed.load_config(None, LOCAL + ["logging.mlflow_experiment=raced"]),
+                        run_dir=tmp_path / "run", progress=False)
+    mlflow_run = assert_mlflow_run_is_the_run_directory(tracking, result.run_dir)
+    assert tracking.get_experiment(mlflow_run.info.experiment_id).name == "raced"
+
 @pytest.mark.parametrize("fail_at_round", [5, 7])
 def test_a_resumed_run_goes_on_in_the_same_mlflow_run_each_round_once(tmp_path, tracking, monkeypatch,
                                                                       fail_at_round):

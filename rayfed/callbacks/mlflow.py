@@ -79,6 +79,19 @@ class MLflow(Callback):
             self.client.set_tag(self.run_id, "rayfed.status", summary.get("status", ""))
         self.client.set_terminated(self.run_id, status)
 
+    def _experiment_id(self) -> str:
+        experiment = self.client.get_experiment_by_name(self.experiment)
+        if experiment is not None:
+            return experiment.experiment_id
+        from mlflow.exceptions import MlflowException
+        try:
+            return self.client.create_experiment(self.experiment)
+        except MlflowException as error:
+            # A sweep's trials start together: another one created it between the lookup and here.
+            if error.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            return self.client.get_experiment_by_name(self.experiment).experiment_id
+
     def _open(self, run: RunView) -> None:
         self.client = mlflow_client_class()()
         recorded = self.run_dir / MLFLOW_RUN
@@ -88,10 +101,7 @@ class MLflow(Callback):
             history = self.client.get_metric_history(self.run_id, "num_participants")
             self.logged_through = max((metric.step for metric in history), default=0)
             return
-        experiment = self.client.get_experiment_by_name(self.experiment)
-        experiment_id = (experiment.experiment_id if experiment is not None
-                         else self.client.create_experiment(self.experiment))
-        created = self.client.create_run(experiment_id, run_name=self.run_dir.name,
+        created = self.client.create_run(self._experiment_id(), run_name=self.run_dir.name,
                                          tags={"rayfed.run_dir": str(self.run_dir.resolve())})
         self.run_id = created.info.run_id
         recorded.write_text(json.dumps({"tracking_uri": self.client.tracking_uri, "experiment": self.experiment,
