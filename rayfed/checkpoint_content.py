@@ -41,7 +41,7 @@ from rayfed.checkpoint import CHECKPOINT, ENGINE_CLASSES, Checkpoint, client_tab
 from rayfed.config import Config
 from rayfed.engine.state_store import COPY_CHUNK_BYTES, StateLayout, damaged_shard, qualified, row_sha256
 from rayfed.engine.worker import client_owner
-from rayfed.errors import ConfigError
+from rayfed.errors import ConfigError, kind_of
 from rayfed.models import FlatModel
 from rayfed.resources import meta_model
 from rayfed.selection.sampler import ClientSampler
@@ -118,18 +118,18 @@ def _difference(value: Any, template: Any, classes: tuple[type, ...], path: str)
     `classes` (see _free_problem)."""
     if template is None or (isinstance(template, (dict, list, set, frozenset)) and not template):
         if template is not None and type(value) is not type(template):
-            return f"{path} is {_kind(value)}, expected a {type(template).__name__}"
+            return f"{path} is {kind_of(value)}, expected a {type(template).__name__}"
         return _free_problem(value, classes, path)
     if isinstance(template, Tensor):
         if not isinstance(value, Tensor):
-            return f"{path} is {_kind(value)}, expected {_kind(template)}"
+            return f"{path} is {kind_of(value)}, expected {kind_of(template)}"
         if value.dtype != template.dtype:
             return f"{path} is {_dtype(value)}, expected {_dtype(template)}"
         if value.shape != template.shape:
             return f"{path} has shape {tuple(value.shape)}, expected {tuple(template.shape)}"
         return _free_problem(value, classes, path)
     if type(value) is not type(template):
-        return f"{path} is {_kind(value)}, expected {_kind(template)}"
+        return f"{path} is {kind_of(value)}, expected {kind_of(template)}"
     if isinstance(template, (bool, int, float, str, list, set, frozenset)):
         return _free_problem(value, classes, path)
     if isinstance(template, tuple):
@@ -138,12 +138,11 @@ def _difference(value: Any, template: Any, classes: tuple[type, ...], path: str)
         return next((problem for index, (item, like) in enumerate(zip(value, template))
                      if (problem := _difference(item, like, classes, f"{path}[{index}]"))), None)
     fields, like = (value, template) if isinstance(template, dict) else (vars(value), vars(template))
-    missing = [key for key in like if key not in fields]
-    if missing:
-        return f"{path} has no {missing[0]!r}"
-    extra = [key for key in fields if key not in like]
-    if extra:
-        return f"{path} has {extra[0]!r}, which a {type(template).__name__} does not"
+    missing, extra = _unmatched(fields, like)
+    if missing is not None:
+        return f"{path} has no {missing!r}"
+    if extra is not None:
+        return f"{path} has {extra!r}, which a {type(template).__name__} does not"
     return next((problem for key in like
                  if (problem := _difference(fields[key], like[key], classes, f"{path}.{key}"))), None)
 
@@ -166,7 +165,7 @@ def _free_problem(value: Any, classes: tuple[type, ...], path: str) -> str | Non
         return next((problem for index, item in enumerate(value)
                      if (problem := _free_problem(item, classes, f"{path}[{index}]"))), None)
     if type(value) not in classes:
-        return f"{path} is {_kind(value)}, which the state classes do not list"
+        return f"{path} is {kind_of(value)}, which the state classes do not list"
     return next((problem for key, item in vars(value).items()
                  if (problem := _free_problem(item, classes, f"{path}.{key}"))), None)
 
@@ -303,12 +302,11 @@ def _layout_problem(signature: tuple, reference: tuple | None, declared: Declare
         return (f" holds {_floats(signature):g} floats, but algorithm {declared.name!r} declares "
                 f"{declared.client_floats} per client (Algorithm.client_state_floats)")
     have, want = dict(fields), dict(reference[1])
-    missing = [name for name in want if name not in have]
-    if missing:
-        return f" has no field {missing[0]!r}"
-    extra = [name for name in have if name not in want]
-    if extra:
-        return f" has a field {extra[0]!r}, which a {short} does not"
+    missing, extra = _unmatched(have, want)
+    if missing is not None:
+        return f" has no field {missing!r}"
+    if extra is not None:
+        return f" has a field {extra!r}, which a {short} does not"
     for name, description in want.items():
         actual = have[name]
         if actual == description:
@@ -414,10 +412,10 @@ def _not_recorded(client: int) -> str:
             f"edited since it was written)")
 
 
-def _kind(value: Any) -> str:
-    if isinstance(value, Tensor):
-        return f"a tensor of shape {tuple(value.shape)} {_dtype(value)}"
-    return "None" if value is None else f"a {type(value).__name__}"
+def _unmatched(have: dict, want: dict) -> tuple[Any, Any]:
+    """The first key `want` has and `have` lacks, and the first `have` has and `want` lacks (None: none)."""
+    return (next((key for key in want if key not in have), None),
+            next((key for key in have if key not in want), None))
 
 
 def _dtype(tensor: Tensor) -> str:

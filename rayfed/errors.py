@@ -6,6 +6,14 @@ def first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
+def kind_of(value) -> str:
+    """How a line names a value it did not expect: a tensor by its shape and dtype, else by its type."""
+    from torch import Tensor
+    if isinstance(value, Tensor):
+        return f"a tensor of shape {tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+    return "None" if value is None else f"a {type(value).__name__}"
+
+
 class ConfigError(ValueError):
     """Bad input (config key, value, file): reported as one line, exit code 2, before any work."""
 

@@ -49,7 +49,7 @@ def cache_folder(root: str) -> pathlib.Path:
 
 class Converted:
     """A conversion: per split, every writer's digit samples as one run of rows of <split>_x.npy and
-    <split>_y.npy, in the order of `writers` (sorted), with `offsets[split]` the runs' bounds."""
+    <split>_y.npy, writers sorted (the index lists them), with `offsets[split]` the runs' bounds."""
 
     def __init__(self, folder: pathlib.Path):
         written = json.loads((folder / INDEX).read_text())
@@ -57,12 +57,12 @@ class Converted:
         if written["sha256"] != _digest(index):
             raise ValueError(f"{INDEX} is not the one written with the arrays")
         self.folder = folder
-        self.writers: list[str] = index["writers"]
         self.offsets = {split: np.asarray(index["offsets"][split], dtype=np.int64) for split in _SPLITS}
+        num_writers = len(index["writers"])
         for split in _SPLITS:
             offsets = self.offsets[split]
-            if offsets.shape != (len(self.writers) + 1,) or offsets[0] != 0 or (np.diff(offsets) < 0).any():
-                raise ValueError(f"{INDEX}: {split} offsets do not bound {len(self.writers)} writers")
+            if offsets.shape != (num_writers + 1,) or offsets[0] != 0 or (np.diff(offsets) < 0).any():
+                raise ValueError(f"{INDEX}: {split} offsets do not bound {num_writers} writers")
             inputs, labels = (np.load(self.path(split, part), mmap_mode="r") for part in ("x", "y"))
             if inputs.dtype != np.float32 or inputs.shape != (offsets[-1], *femnist.IMAGE_SHAPE):
                 raise ValueError(f"{split}_x.npy is {inputs.dtype} {inputs.shape}")
@@ -76,7 +76,7 @@ class Converted:
         return np.diff(self.offsets[split])
 
     def rows(self, split: str, chosen: np.ndarray) -> Partition:
-        """The `chosen` writers' (positions in `writers`) rows of `split`, one client per writer."""
+        """The `chosen` writers' (positions among the sorted writers) rows of `split`, one client per writer."""
         starts, ends = self.offsets[split][chosen], self.offsets[split][chosen + 1]
         sizes = ends - starts
         indices = np.concatenate([np.arange(start, end, dtype=np.int64) for start, end in zip(starts, ends)]

@@ -205,9 +205,8 @@ class ClientWorker:
         if self.config.engine.vectorize:
             upload = self._train_clients_together(round, client_ids, tensors, seed)
             trained = time.perf_counter()
-            stacked_buffers = buffers.expand(len(client_ids), -1)
             packed = (WorkerResult.from_stacked(client_ids, upload, buffers) if weighting is None else
-                      WorkerSums.from_stacked(client_ids, upload, stacked_buffers, weighting))
+                      WorkerSums.from_stacked(client_ids, upload, buffers.expand(len(client_ids), -1), weighting))
         else:
             results = [self._train_client(round, client_id, tensors, buffers, seed) for client_id in client_ids]
             trained = time.perf_counter()

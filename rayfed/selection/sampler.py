@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rayfed.errors import kind_of
 from rayfed.registry import SELECTORS
 from rayfed.seeding import Purpose, numpy_rng
 from rayfed.selection.clusters import ClientOrder, cluster_order, order_problem
@@ -73,11 +74,11 @@ class ClientSampler:
             return None
         num_clients = len(self.client_sizes)
         if not isinstance(snapshot, dict) or set(snapshot) != {"order", "labels"}:
-            return f"client_order is {_kind(snapshot)}, expected the order and labels that {selector}'s warm-up fixed"
+            return f"client_order is {kind_of(snapshot)}, expected the order and labels that {selector}'s warm-up fixed"
         for key in ("order", "labels"):
             value = snapshot[key]
             if not isinstance(value, torch.Tensor) or value.dtype != torch.int64 or tuple(value.shape) != (num_clients,):
-                return f"client_order's {key} is {_kind(value)}, expected an int64 tensor of shape ({num_clients},)"
+                return f"client_order's {key} is {kind_of(value)}, expected an int64 tensor of shape ({num_clients},)"
         labels = snapshot["labels"].numpy()
         problem = order_problem(snapshot["order"].numpy(), labels, self.client_sizes, self.section.cacs_clusters)
         if problem:
@@ -88,7 +89,7 @@ class ClientSampler:
         rounds, num_clients = self.section.cacs_warmup_rounds, len(labels)
         keys = ["rounds", "client_rounds", "train_loss", "bytes_up", "bytes_down", "clusters", "cluster_sizes"]
         if not isinstance(summary, dict) or list(summary) != keys:
-            return f"warmup_summary is {_kind(summary)}, expected the account of the warm-up ({', '.join(keys)})"
+            return f"warmup_summary is {kind_of(summary)}, expected the account of the warm-up ({', '.join(keys)})"
         sizes = np.bincount(labels).tolist()
         expected = {"rounds": rounds, "client_rounds": rounds * num_clients, "clusters": len(sizes),
                     "cluster_sizes": sizes}
@@ -103,9 +104,3 @@ class ClientSampler:
             if type(summary[key]) is not int or summary[key] < 0:
                 return f"warmup_summary's {key} is {summary[key]!r}, expected a count of bytes"
         return None
-
-
-def _kind(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
-    return "None" if value is None else f"a {type(value).__name__}"
