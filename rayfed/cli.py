@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     bench_parser.add_argument("items", nargs="*", metavar="[WORKLOAD] [key=value ...]",
                               help="workloads (tiny, lenet, huge_n, million; default all) and config overrides")
     bench_parser.add_argument("--engines", default="local,ray",
-                              help="comma-separated, from local, ray, local_vec, ray_vec (default local,ray)")
+                              help="comma-separated, from local, ray, ray_driver, local_vec, ray_vec (default local,ray)")
     bench_parser.add_argument("--rounds", type=int, default=30, help="rounds per measurement (default 30)")
     bench_parser.add_argument("--repeats", type=int, default=1, help="measurements per engine (default 1)")
     bench_parser.add_argument("--json", metavar="PATH", default="bench.json",

@@ -26,13 +26,14 @@ from rayfed.data import missing_files
 from rayfed.data.datasets import NORMALIZATIONS
 from rayfed.data.lazy import TRAIN_LOSS_MAX_CLIENTS
 from rayfed.errors import ConfigError
-from rayfed.faults import parse_fault
+from rayfed.faults import SERVER, parse_fault
 from rayfed.selection.selectors import UCS_VARIANTS
 from rayfed.resources import check_availability_walk, check_memory, check_model
 from rayfed.systems.availability import AVAILABILITIES
 
 BACKENDS = ("local", "ray")
 PLACEMENTS = ("default", "spread")
+SERVER_PROCESSES = ("actor", "driver")
 WORKER_LOSSES = ("continue", "replay")
 ROUND_POLICIES = ("sync", "deadline", "overcommit", "async_buffered")
 STALENESS_WEIGHTS = ("none", "sqrt")
@@ -346,9 +347,12 @@ class EngineConfig(_Section):
     worker_gpus: _Gpus = 0.0
     """GPUs per worker actor; fractions share a GPU (`0.25`: four workers per GPU); above 1 a whole number, at most
     1024."""
+    server: Literal[SERVER_PROCESSES] = "actor"
+    """Ray: where the server runs. `actor`: its own actor, recreated from the last checkpoint when it dies; `driver`:
+    in the driver's process, one process and two hops between processes a round fewer (see Performance)."""
     server_gpus: _Gpus = 0.0
-    """GPUs for the server actor: the global model, the memory D, its Gram matrix and the server QP then live on the
-    GPU."""
+    """GPUs for the server: the global model, the memory D, its Gram matrix and the server QP then live on the GPU (in
+    the driver, its own GPU, which Ray does not reserve)."""
     address: Optional[_Text] = None
     """A Ray cluster to join; unset, `RAY_ADDRESS` is used, else a private local instance is started."""
     round_timeout_s: Optional[number(gt=0.0, le=MAX_ROUND_TIMEOUT_S)] = None
@@ -625,14 +629,17 @@ def _check_combinations(config: Config) -> None:
     if (engine.round_timeout_s is not None or engine.fault_injection) and engine.backend != "ray":
         raise ConfigError("engine.round_timeout_s and engine.fault_injection need engine.backend=ray")
     actor_keys = [f"engine.{key}={value}" for key, value, default in (
-        ("placement", engine.placement, "default"), ("worker_loss", engine.worker_loss, "continue"))
+        ("placement", engine.placement, "default"), ("worker_loss", engine.worker_loss, "continue"),
+        ("server", engine.server, "actor"))
         if value != default]
     if actor_keys and engine.backend != "ray":
         verb = "needs" if len(actor_keys) == 1 else "need"
         raise ConfigError(f"{' and '.join(actor_keys)} {verb} engine.backend=ray: the local engine has no actors to "
                           f"place or lose")
     for entry in engine.fault_injection:
-        parse_fault(entry, engine.num_workers)
+        if parse_fault(entry, engine.num_workers).target == SERVER and engine.server == "driver":
+            raise ConfigError(f"engine.fault_injection entry {entry!r} kills the server, which engine.server=driver "
+                              f"runs in the driver's own process; set engine.server=actor to test a server death")
     if train.similarity_clients > data.num_clients:
         raise ConfigError(f"train.similarity_clients={train.similarity_clients} exceeds data.num_clients="
                           f"{data.num_clients}: the diagnostic compares clients 0 .. n-1")

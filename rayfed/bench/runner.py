@@ -25,6 +25,7 @@ PHASES = ("sample", "broadcast", "train", "upload", "server_step", "eval")
 ENGINES = {
     "local": ["engine.backend=local"],
     "ray": ["engine.backend=ray", "engine.num_workers=2"],
+    "ray_driver": ["engine.backend=ray", "engine.num_workers=2", "engine.server=driver"],
     "local_vec": ["engine.backend=local", "engine.vectorize=true"],
     "ray_vec": ["engine.backend=ray", "engine.num_workers=2", "engine.vectorize=true"],
 }

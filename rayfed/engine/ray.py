@@ -1,4 +1,5 @@
-"""The ray engine: the Server as one actor and P ClientWorkers as actors.
+"""The ray engine: the Server as one actor (or, with engine.server=driver, in the driver's process) and
+P ClientWorkers as actors.
 
 The dataset and the partition are put in the object store once and read zero-copy by every
 actor on a node (an on-demand dataset's source instead, a few numbers). Each round the broadcast
@@ -18,6 +19,7 @@ import time
 from typing import Any, Callable
 
 import ray
+import torch
 from ray._private import services
 from ray._private import state as ray_state
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -27,6 +29,7 @@ from rayfed.data import Dataset, Partition
 from rayfed.data.lazy import is_lazy
 from rayfed.engine.client_data import worker_data
 from rayfed.engine.lost import ServerLost, WorkerLost
+from rayfed.engine.messages import Broadcast
 from rayfed.engine.ray_memory import MemoryProbe, run_pss
 from rayfed.engine.server import Server, clients_train_data
 from rayfed.engine.state_store import SpillFailed, StateStorage
@@ -47,6 +50,46 @@ class RemoteHandle:
     def __getattr__(self, name: str) -> Callable:
         method = getattr(self.actor, name)
         return lambda *args, **kwargs: method.remote(*args, **kwargs)
+
+
+class DriverServer:
+    """The Server in the driver's process (engine.server=driver): a call runs at once and returns its
+    value. The workers' results it takes are fetched first, a lost worker reported as the engine
+    reports it; the broadcast it returns goes to the workers with their calls (rayfed.engine.loop)."""
+
+    def __init__(self, server: Server, get: Callable):
+        self.target = server
+        self.get = get
+
+    def __getattr__(self, name: str) -> Callable:
+        method = getattr(self.target, name)
+        return lambda *args, **kwargs: method(*self._values(args), **kwargs)
+
+    def _values(self, args: tuple) -> list:
+        """`args` with the object references among them fetched, all at once."""
+        values = list(args)
+        at = [index for index, arg in enumerate(args) if isinstance(arg, ray.ObjectRef)]
+        if at:
+            for index, value in zip(at, self.get([args[index] for index in at])):
+                values[index] = value
+        return values
+
+    def broadcast(self):
+        return _shipped(self.target.broadcast())
+
+    def step_and_plan_next(self, *args, **kwargs):
+        stepped, down = self.target.step_and_plan_next(*self._values(args), **kwargs)
+        return stepped, None if down is None else _shipped(down)
+
+
+# Up to this size (Ray's default bound for an argument carried with the call) a broadcast goes with each
+# worker's call, which is a few ms a round less than a store round trip on a small machine; above it it is
+# stored once for all workers.
+BROADCAST_WITH_CALL_BYTES = 100 * 1024
+
+
+def _shipped(down: Broadcast):
+    return down if down.nbytes <= BROADCAST_WITH_CALL_BYTES else ray.put(down)
 
 
 class WorkerRestarted(Exception):
@@ -162,21 +205,26 @@ class RayEngine:
         stored_train, (dataset.test_x, dataset.test_y) = ray.get([train_ref, test_ref])
         if not is_lazy(dataset):
             dataset.train_x, dataset.train_y = stored_train
-        # The server works while the workers wait for the next round, so it reserves no CPU:
-        # otherwise P one-CPU workers could not all be placed on a P-core machine. Ray does not
-        # restart it: the engine recreates it from the last checkpoint (recreate_server).
-        server_actor = ray.remote(RayServer).options(num_cpus=0, num_gpus=engine.server_gpus, max_restarts=0,
-                                                     **_server_placement(engine.server_gpus))
-        # References, not values: Ray would store a copy of the values for each server it creates,
-        # and the driver would keep its own for the engine's lifetime.
-        clients_train_ref = ray.put(clients_train_data(config, dataset, partition))
-        server_arguments = (plugins, config, test_ref, dataset.input_shape, dataset.num_classes, client_systems,
-                            clients_train_ref)
-        self.new_server = lambda: RemoteHandle(server_actor.remote(*server_arguments))
+        if engine.server == "driver":
+            # The Server sets this process's torch threads for the run; the driver gets its own back at shutdown.
+            self.saved_threads = torch.get_num_threads()
+            clients_train = clients_train_data(config, dataset, partition)
+            self.new_server = lambda: DriverServer(Server(config, (dataset.test_x, dataset.test_y), dataset.input_shape,
+                                                          dataset.num_classes, client_systems, clients_train), self.get)
+        else:
+            # The server works while the workers wait for the next round, so it reserves no CPU:
+            # otherwise P one-CPU workers could not all be placed on a P-core machine. Ray does not
+            # restart it: the engine recreates it from the last checkpoint (recreate_server).
+            server_actor = ray.remote(RayServer).options(num_cpus=0, num_gpus=engine.server_gpus, max_restarts=0,
+                                                         **_server_placement(engine.server_gpus))
+            # References, not values: Ray would store a copy of the values for each server it creates,
+            # and the driver would keep its own for the engine's lifetime.
+            server_arguments = (plugins, config, test_ref, dataset.input_shape, dataset.num_classes, client_systems,
+                                ray.put(clients_train_data(config, dataset, partition)))
+            self.new_server = lambda: RemoteHandle(server_actor.remote(*server_arguments))
         worker_actor = ray.remote(RayClientWorker).options(num_cpus=engine.worker_cpus, num_gpus=engine.worker_gpus,
                                                            max_restarts=engine.worker_max_restarts,
                                                            **_worker_placement(engine.placement))
-        self.server = self.new_server()
         self.round_timeout_s = engine.round_timeout_s
         self.restarts_seen = [0] * engine.num_workers
         self.max_restarts = engine.worker_max_restarts
@@ -185,12 +233,20 @@ class RayEngine:
                                              engine.num_workers, storage))
             for index in range(engine.num_workers)
         ]
+        # A server in the driver is built while the workers start.
+        self.server = self.new_server()
         # Actors start asynchronously; waiting here puts their start-up (and any error in their
         # constructors) before the first round rather than inside it.
-        ray.get([self.server.actor.__ray_ready__.remote(),
+        ray.get([*(actor.__ray_ready__.remote() for actor in self._server_actor()),
                  *(handle.actor.attach.remote([train_ref, partition_ref]) for handle in self.workers)])
 
+    def _server_actor(self) -> list:
+        """[the server's actor], or [] where the server runs in the driver."""
+        return [self.server.actor] if isinstance(self.server, RemoteHandle) else []
+
     def get(self, ref):
+        if not _is_reference(ref):
+            return ref
         try:
             return ray.get(ref)
         except WorkerRestarted as error:
@@ -204,9 +260,9 @@ class RayEngine:
         """The loss to report for a failed call: by the actor Ray names, or, when it names none, by
         what the cluster's actor table says of ours; the error itself when that finds none."""
         actor_id = error.actor_id
-        if actor_id == self.server.actor._actor_id.hex() or (
-                actor_id is None and _actor_state(self.server.actor)[0] != "ALIVE"):
-            return ServerLost()
+        for server in self._server_actor():
+            if actor_id == server._actor_id.hex() or (actor_id is None and _actor_state(server)[0] != "ALIVE"):
+                return ServerLost()
         for index, handle in enumerate(self.workers):
             if actor_id == handle.actor._actor_id.hex():
                 return WorkerLost([index])
@@ -271,24 +327,35 @@ class RayEngine:
             return False
 
     def process_pss(self) -> dict[str, int] | None:
-        return run_pss(self.server.actor, [handle.actor for handle in self.workers])
+        return run_pss(self._server_actor(), [handle.actor for handle in self.workers])
 
     def recreate_server(self) -> None:
-        ray.kill(self.server.actor, no_restart=True)
+        for server in self._server_actor():
+            ray.kill(server, no_restart=True)
         self.server = self.new_server()
-        self.get(self.server.actor.__ray_ready__.remote())
+        for server in self._server_actor():
+            self.get(server.__ray_ready__.remote())
 
     def enact(self, target: int, fault: Fault) -> None:
-        handle = self.server if target == SERVER else self.workers[target]
-        handle.actor.enact.remote(fault)
+        (self._server_actor()[0] if target == SERVER else self.workers[target].actor).enact.remote(fault)
 
     def shutdown(self) -> None:
         try:
-            for handle in (self.server, *self.workers):
-                ray.kill(handle.actor)
+            for actor in (*self._server_actor(), *(handle.actor for handle in self.workers)):
+                ray.kill(actor)
         finally:
+            if isinstance(self.server, DriverServer):
+                torch.set_num_threads(self.saved_threads)
             if self.started_ray:
                 ray.shutdown()
+
+
+def _is_reference(value: Any) -> bool:
+    """An object reference, or a list of them; anything else is a value (a server in the driver answers with
+    values)."""
+    if isinstance(value, list):
+        return all(isinstance(item, ray.ObjectRef) for item in value)
+    return isinstance(value, ray.ObjectRef)
 
 
 def _one_line(error: ray.exceptions.RayTaskError) -> Exception:
@@ -386,10 +453,13 @@ def _probe(key: str, address: str, timeout_s: float) -> None:
 def _check_resources(config: Config) -> None:
     engine = config.engine
     available = ray.cluster_resources()
+    # A server in the driver computes on the driver's GPU, as the local engine does: Ray places only actors.
+    server_gpus = engine.server_gpus if engine.server == "actor" else 0.0
     needs = {"CPU": (engine.num_workers * engine.worker_cpus, f"engine.num_workers={engine.num_workers} x "
                                                                  f"engine.worker_cpus"),
-             "GPU": (engine.num_workers * engine.worker_gpus + engine.server_gpus,
-                     f"engine.num_workers={engine.num_workers} x engine.worker_gpus + engine.server_gpus")}
+             "GPU": (engine.num_workers * engine.worker_gpus + server_gpus,
+                     f"engine.num_workers={engine.num_workers} x engine.worker_gpus"
+                     + (" + engine.server_gpus" if engine.server == "actor" else ""))}
     for resource, (needed, keys) in needs.items():
         if needed > available.get(resource, 0.0) + 1e-9:
             raise ConfigError(f"{keys} needs {needed:g} {resource}s but the Ray cluster has "
