@@ -132,7 +132,6 @@ class TrialProgress(tune.Callback):
 
 
 def _run_trials(sweep: Sweep, pending: list[Trial], sweep_dir: Path, progress: bool) -> None:
-    by_name = {trial.name: trial for trial in sweep.trials}
     largest = max(sum(bundle["CPU"] for bundle in trial_bundles(trial.config)) for trial in pending)
     engine = pending[0].config.engine
     # Tune's newer console output prints its own tables whatever `verbose` says; ours is the progress bar.
@@ -143,8 +142,9 @@ def _run_trials(sweep: Sweep, pending: list[Trial], sweep_dir: Path, progress: b
         specs = [{"name": trial.name, "base": str(sweep_dir / "base.yaml"), "overrides": list(trial.overrides),
                   "run_dir": str(sweep_dir / "trials" / trial.name), "cwd": os.getcwd(), "environment": environment}
                  for trial in pending]
-        trainable = tune.with_resources(run_trial, lambda tune_config: trial_resources(
-            by_name[tune_config["spec"]["name"]].config))
+        # Resolved here: a trial's config may hold a plugin's classes, which Tune's processes could not unpickle.
+        resources = {trial.name: trial_resources(trial.config) for trial in pending}
+        trainable = tune.with_resources(run_trial, lambda tune_config: resources[tune_config["spec"]["name"]])
         tuner = tune.Tuner(
             trainable, param_space={"spec": tune.grid_search(specs)},
             tune_config=tune.TuneConfig(trial_dirname_creator=lambda trial: trial.config["spec"]["name"][:100]),
