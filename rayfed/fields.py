@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import typing
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Iterable, Literal
 
 import annotated_types
 from pydantic import AfterValidator, BeforeValidator, Field
@@ -53,15 +53,30 @@ Coefficient = number(ge=0.0, le=MAX_COEFFICIENT)
 Positive = number(gt=0.0, le=MAX_COEFFICIENT)
 
 
+class Names:
+    """A key's values are the names in `registry` (the built-ins' and the plugins' loaded so far,
+    read when asked) or one of `also`, such as "auto"."""
+
+    def __init__(self, registry: Iterable[str], also: tuple[str, ...]):
+        self.registry = registry
+        self.also = also
+
+    def choices(self) -> list[str]:
+        return [*self.also, *self.registry]
+
+
 def allowed_values(declared) -> str:
     """What a declared type admits, in words for a message: 'in [0, 1)', '> 0 and at most 1e6',
     'one of: model, tensor'. `declared` is a Literal, or Annotated with constraints (directly, or
-    inside pydantic FieldInfo objects)."""
+    inside pydantic FieldInfo objects), or with Names."""
     if typing.get_origin(declared) is Literal:
         return "one of: " + ", ".join(map(str, typing.get_args(declared)))
     constraints = []
     for info in typing.get_args(declared)[1:]:
         constraints.extend(getattr(info, "metadata", None) or [info])
+    names = [constraint for constraint in constraints if isinstance(constraint, Names)]
+    if names:
+        return "one of: " + ", ".join(names[0].choices())
     bounds = {name: getattr(constraint, name) for constraint in constraints
               for name in ("gt", "ge", "lt", "le") if isinstance(constraint, getattr(annotated_types, name.title()))}
     if "lt" in bounds and ("gt" in bounds or "ge" in bounds):

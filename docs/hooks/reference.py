@@ -28,28 +28,40 @@ from rayfed.registry import ALGORITHMS, DATASETS, MODELS
 from rayfed.resources import meta_model
 
 SECTIONS = ("data", "model", "algorithm", "train", "systems", "engine", "selection", "compression", "logging")
-NAV_ALGORITHMS = "Algorithms"
 # The models whose layers model.hidden_sizes sets.
 WIDTH_MODELS = ("mlp", "relu_mlp")
 # Markdown would read these in docstrings written as plain text (x_t, a * b, <v, M_j>) as markup.
 _MARKUP = re.compile(r"([*_<\[\]])")
 
 
+# The nav entries that the registries fill, each a folder of pages named by the registered names: every
+# algorithm has a page (generated, with a hand-written opening where one exists); a model or a dataset is listed
+# where it has a page of its own. So a component's page, a plugin's among them, needs no edit to mkdocs.yml.
+REGISTRY_NAV = {"algorithms": ALGORITHMS, "models": MODELS, "datasets": DATASETS}
+
+
 def on_config(config):
-    """Lists every registered algorithm's page under the Algorithms entry of the nav."""
-    pages = [{name: f"algorithms/{name}.md"} for name in sorted(ALGORITHMS.names())]
-    _expand(config["nav"], [{"Overview": "algorithms/index.md"}, *pages])
+    """Lists the registered components' pages under their nav entries (mkdocs.yml names each folder's index)."""
+    docs = Path(config["docs_dir"])
+    for folder, registry in REGISTRY_NAV.items():
+        names = [name for name in sorted(registry.names())
+                 if registry is ALGORITHMS or (docs / folder / f"{name}.md").exists()]
+        index = f"{folder}/index.md"
+        opening = {"Overview": index} if registry is ALGORITHMS else index
+        if not _expand(config["nav"], index, [opening, *({name: f"{folder}/{name}.md"} for name in names)]):
+            raise ValueError(f"mkdocs.yml's nav has no entry for {index}")
     return config
 
 
-def _expand(nav: list, pages: list) -> bool:
+def _expand(nav: list, index: str, pages: list) -> bool:
+    """Replaces the nav entry whose value is `index` with `pages`."""
     for item in nav:
         if isinstance(item, dict):
             for title, value in item.items():
-                if title == NAV_ALGORITHMS and value == "algorithms/index.md":
+                if value == index:
                     item[title] = pages
                     return True
-                if isinstance(value, list) and _expand(value, pages):
+                if isinstance(value, list) and _expand(value, index, pages):
                     return True
     return False
 
