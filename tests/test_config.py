@@ -261,3 +261,18 @@ def test_configs_survive_copies_and_pickles():
     changed = copy.deepcopy(config)
     changed.engine.num_workers = 1
     assert changed != config and config.engine.num_workers == 2
+
+
+def test_what_a_key_naming_a_component_admits_is_read_from_its_registry_when_asked():
+    """The config reference's admits column: a model registered after the schema was built is among them."""
+    from rayfed.config import ModelConfig
+    from rayfed.fields import allowed_values
+    field = ModelConfig.model_fields["name"]
+    declared = typing.Annotated[(field.annotation, *field.metadata)]
+    before = allowed_values(declared)
+    assert before == "one of: auto, " + ", ".join(MODELS.names()) and "resnet20" in before
+    MODELS.register("my_admitted_model")(object)
+    try:
+        assert allowed_values(declared) == before + ", my_admitted_model"
+    finally:
+        MODELS.remove("my_admitted_model")
