@@ -12,9 +12,8 @@ DRIVER = ["engine.backend=ray", "engine.num_workers=2", "engine.server=driver"]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", [
-    # 60 inputs x 2000 + 2000 x 10 floats: a broadcast above 100 KiB is stored once for both workers.
-    ["model.hidden_sizes=[2000]"],
-    ["algorithm.name=scaffold"],
+    # Client state; 60 inputs x 2000 + 2000 x 10 floats: a broadcast above 100 KiB is stored once for both workers.
+    ["algorithm.name=scaffold", "model.hidden_sizes=[2000]"],
     ["algorithm.name=fedgate"],                  # the server's reply, after each step
     ["algorithm.name=fedmos", "algorithm.lr_local=0.05", "selection.selector=cacs", "selection.cacs_warmup_rounds=2",
      "selection.cacs_clusters=4"],               # the selector's warm-up, before round 0

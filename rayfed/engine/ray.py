@@ -55,7 +55,8 @@ class RemoteHandle:
 class DriverServer:
     """The Server in the driver's process (engine.server=driver): a call runs at once and returns its
     value. The workers' results it takes are fetched first, a lost worker reported as the engine
-    reports it; the broadcast it returns goes to the workers with their calls (rayfed.engine.loop)."""
+    reports it; the broadcast it returns goes to the workers with their calls, or, when large, through
+    the object store once (BROADCAST_WITH_CALL_BYTES)."""
 
     def __init__(self, server: Server, get: Callable):
         self.target = server
