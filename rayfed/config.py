@@ -383,8 +383,9 @@ class EngineConfig(_Section):
     placement: Literal[PLACEMENTS] = "default"
     """Ray: where the worker actors go. `default`: Ray's default scheduling (it fills a node to half its CPUs before it
     moves on); `spread`: over as many nodes as possible (Ray's SPREAD strategy, soft: a worker Ray restarts after its
-    node died goes to any node with room). Either way the server runs on the driver's node (unless it has
-    `engine.server_gpus`); in a sweep the trial's placement group holds both (see Run on a Ray cluster)."""
+    node died goes to any node with room). Either way the server runs on the driver's node (a server actor
+    with `engine.server_gpus` goes where Ray finds them); in a sweep the trial's placement group holds both (see Run on
+    a Ray cluster)."""
     worker_loss: Literal[WORKER_LOSSES] = "continue"
     """Ray: what a round in which a worker (or a whole node) died becomes. `continue`: it completes without the dead
     worker's clients and the run goes on, those clients' states back at the last checkpoint; `replay`: the run goes

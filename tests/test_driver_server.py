@@ -2,6 +2,7 @@
 local engine and of a server actor, survives its workers' deaths the same way, and is refused
 where it cannot do what a server actor does."""
 import pytest
+import torch
 
 import rayfed
 from rayfed.errors import ConfigError
@@ -21,7 +22,14 @@ DRIVER = ["engine.backend=ray", "engine.num_workers=2", "engine.server=driver"]
 def test_a_server_in_the_driver_gives_the_bits_of_the_local_engine(tmp_path, ray_cluster, algorithm):
     overrides = SYNTHETIC_MLP + algorithm
     reference = run(tmp_path, overrides + ["engine.backend=local"], "local")
-    driver = run(tmp_path, overrides + DRIVER, "driver")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        driver = run(tmp_path, overrides + DRIVER, "driver")
+        # The server ran with engine.worker_cpus threads; the driver has its own back.
+        assert torch.get_num_threads() == threads + 1
+    finally:
+        torch.set_num_threads(threads)
     assert_same_run(reference, driver)
     assert reference.summary["client_state_bytes"] == driver.summary["client_state_bytes"]
     # Its PSS is the driver's: the run has no server process.

@@ -81,6 +81,10 @@ def test_trials_reserve_what_their_engine_uses():
     ray = load_config(None, ["engine.num_workers=3", "engine.worker_gpus=0.25", "engine.server_gpus=0.5"])
     assert trial_bundles(ray) == [{"CPU": 0.01}, {"CPU": 0.01, "GPU": 0.5}, *[{"CPU": 1.0, "GPU": 0.25}] * 3]
     assert trial_resources(ray).strategy == "PACK"
+    # A server in the driver: the trial's own process holds its GPUs, and no server actor needs a bundle.
+    driver = load_config(None, ["engine.num_workers=3", "engine.worker_gpus=0.25", "engine.server_gpus=0.5",
+                                "engine.server=driver"])
+    assert trial_bundles(driver) == [{"CPU": 0.01, "GPU": 0.5}, *[{"CPU": 1.0, "GPU": 0.25}] * 3]
     spread = load_config(None, ["engine.num_workers=3", "engine.placement=spread"])
     assert trial_resources(spread).strategy == "SPREAD" and trial_resources(spread).bundles == trial_bundles(spread)
 

@@ -1,8 +1,9 @@
 """The round, written once for every engine.
 
 An engine exposes its Server and ClientWorkers through handles whose method calls return
-either values (local engine) or Ray object references (ray engine), plus `get` to resolve
-them. The round never touches uploads: they go from the workers to the server directly.
+either values (the local engine, a server in the driver) or Ray object references (actors),
+plus `get` to resolve them. The round never touches uploads: they go from the workers to the
+server directly.
 """
 from __future__ import annotations
 

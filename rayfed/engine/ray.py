@@ -5,7 +5,8 @@ The dataset and the partition are put in the object store once and read zero-cop
 actor on a node (an on-demand dataset's source instead, a few numbers). Each round the broadcast
 is stored once by the server actor and read by all workers; uploads go from the worker actors
 straight to the server actor, whose step the driver sends before they arrive and which plans the
-next round (rayfed.engine.loop).
+next round (rayfed.engine.loop). A server in the driver steps on the uploads as they come back to
+it, and a small broadcast goes to the workers with their calls.
 """
 from __future__ import annotations
 
@@ -83,9 +84,9 @@ class DriverServer:
         return stepped, None if down is None else _shipped(down)
 
 
-# Up to this size (Ray's default bound for an argument carried with the call) a broadcast goes with each
-# worker's call, which is a few ms a round less than a store round trip on a small machine; above it it is
-# stored once for all workers.
+# Up to this size a broadcast goes with each worker's call, a few ms a round less than a store round trip on a
+# small machine; above it it is stored once for all workers. Ray's default bound for an argument carried with the
+# call, which a cluster rayfed joins may keep: above it Ray would store the broadcast once per worker's call.
 BROADCAST_WITH_CALL_BYTES = 100 * 1024
 
 
@@ -136,7 +137,7 @@ class RayClientWorker(MemoryProbe):
 
     def call_with_status(self, method: str, *args):
         """`call`, with a tiny status beside the result, so the driver can tell a late or dead worker
-        without fetching its uploads (which go to the server actor directly)."""
+        without fetching its uploads (which go to the server directly)."""
         return True, self.call(method, *args)
 
     def enact(self, fault: Fault) -> None:
@@ -180,12 +181,15 @@ class RayEngine:
     def __init__(self, config: Config, dataset: Dataset, partition: Partition, client_systems: ClientSystems,
                  storage: StateStorage):
         engine = config.engine
+        # A server in the driver sets this process's torch threads for the run; the driver gets its own back.
+        self.saved_threads = torch.get_num_threads()
         self.started_ray = connect_ray(engine.address, engine.num_workers * engine.worker_cpus,
                                     engine.connect_timeout_s)
         try:
             _check_resources(config)
             self._start_actors(config, dataset, partition, client_systems, storage)
         except BaseException:
+            torch.set_num_threads(self.saved_threads)
             if self.started_ray:
                 ray.shutdown()
             raise
@@ -207,8 +211,6 @@ class RayEngine:
         if not is_lazy(dataset):
             dataset.train_x, dataset.train_y = stored_train
         if engine.server == "driver":
-            # The Server sets this process's torch threads for the run; the driver gets its own back at shutdown.
-            self.saved_threads = torch.get_num_threads()
             clients_train = clients_train_data(config, dataset, partition)
             self.new_server = lambda: DriverServer(Server(config, (dataset.test_x, dataset.test_y), dataset.input_shape,
                                                           dataset.num_classes, client_systems, clients_train), self.get)
@@ -333,6 +335,8 @@ class RayEngine:
     def recreate_server(self) -> None:
         for server in self._server_actor():
             ray.kill(server, no_restart=True)
+        # The old server goes before the new one is built: the two never hold their state at once.
+        self.server = None
         self.server = self.new_server()
         for server in self._server_actor():
             self.get(server.__ray_ready__.remote())
@@ -345,17 +349,16 @@ class RayEngine:
             for actor in (*self._server_actor(), *(handle.actor for handle in self.workers)):
                 ray.kill(actor)
         finally:
-            if isinstance(self.server, DriverServer):
-                torch.set_num_threads(self.saved_threads)
+            torch.set_num_threads(self.saved_threads)
             if self.started_ray:
                 ray.shutdown()
 
 
 def _is_reference(value: Any) -> bool:
-    """An object reference, or a list of them; anything else is a value (a server in the driver answers with
-    values)."""
+    """An object reference, or a list holding one (ray.get refuses a list that mixes them with values); anything
+    else is a value (a server in the driver answers with values)."""
     if isinstance(value, list):
-        return all(isinstance(item, ray.ObjectRef) for item in value)
+        return any(isinstance(item, ray.ObjectRef) for item in value)
     return isinstance(value, ray.ObjectRef)
 
 

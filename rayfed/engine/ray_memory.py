@@ -44,7 +44,8 @@ def run_pss(server: list, workers: list) -> dict[str, int] | None:
     """{name: PSS in bytes} of the driver, the `server` actor (none where the server runs in the driver)
     and `workers` actors ("worker 0", ...) and Ray's processes on their nodes, now; None when the
     driver's PSS cannot be read (no /proc) or an actor does not answer."""
-    actors = {**{"server": actor for actor in server}, **{f"worker {index}": worker for index, worker in enumerate(workers)}}
+    actors = {**(dict(server=server[0]) if server else {}),
+              **{f"worker {index}": worker for index, worker in enumerate(workers)}}
     driver_node, here, driver = whereabouts()
     try:
         places = dict(zip(actors, ray.get([actor.whereabouts.remote() for actor in actors.values()],

@@ -148,7 +148,7 @@ class Server:
         asking the server first (on the ray engine, one round trip less per round). Planned now only
         where that gives the plan the next round's start would: with rounds left, and when sampling
         changes nothing a checkpoint in between would record (SystemsClock.samples_purely); else
-        None, None. Two values: the engine leaves the broadcast where it is (the object store)."""
+        None, None. Two values: the engine leaves the broadcast where it is (an actor's, in the object store)."""
         metrics, reply = self.step(round, plan, *worker_results, lost=lost)
         if round + 1 >= self.rounds or not self.clock.samples_purely():
             return (metrics, reply, None), None

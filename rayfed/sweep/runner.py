@@ -27,7 +27,7 @@ from rayfed.errors import first_line
 from rayfed.metrics import read_summary, run_status
 from rayfed.sweep.spec import Sweep, Trial
 
-# The trial's driver and the server actor mostly wait: a sliver of a CPU each.
+# The trial's driver and the server (an actor, or in the driver) mostly wait: a sliver of a CPU each.
 DRIVER_CPUS = 0.01
 # Statuses (summary.json) of runs a sweep keeps as they are when run again: those that ended
 # (a callback's stop and a reached target are ends too).
@@ -43,8 +43,10 @@ def trial_bundles(config: Config) -> list[dict[str, float]]:
 
     if engine.backend == "local":
         return [bundle(engine.worker_cpus, max(engine.worker_gpus, engine.server_gpus))]
-    return [bundle(DRIVER_CPUS, 0.0), bundle(DRIVER_CPUS, engine.server_gpus),
-            *[bundle(engine.worker_cpus, engine.worker_gpus)] * engine.num_workers]
+    # A server in the driver computes in the trial's own process, which takes the first bundle.
+    servers = ([bundle(DRIVER_CPUS, 0.0), bundle(DRIVER_CPUS, engine.server_gpus)] if engine.server == "actor"
+               else [bundle(DRIVER_CPUS, engine.server_gpus)])
+    return [*servers, *[bundle(engine.worker_cpus, engine.worker_gpus)] * engine.num_workers]
 
 
 def trial_resources(config: Config) -> tune.PlacementGroupFactory:
