@@ -133,11 +133,13 @@ _Gpus = Annotated[number(ge=0.0, le=MAX_GPUS), AfterValidator(_gpu_share)]
 def registered(registry: Registry, *also: str):
     """A name of `registry` (or one of `also`, such as "auto"), checked when the config is validated,
     so that names registered by plugins are taken as the built-in ones are."""
+    names = Names(registry, also)
+
     def check(value: str) -> str:
         if value not in also and value not in registry:
-            raise PydanticCustomError("registered_name", "not a registered name", {"choices": (*also, *registry)})
+            raise PydanticCustomError("registered_name", "not a registered name", {"choices": names.choices()})
         return value
-    return Annotated[str, Field(strict=True), AfterValidator(check), Names(registry, also)]
+    return Annotated[str, Field(strict=True), AfterValidator(check), names]
 
 
 # "auto": the dataset's own clients (natural) where it has them, else dirichlet; the dataset's model.

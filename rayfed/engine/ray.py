@@ -458,12 +458,11 @@ def _check_resources(config: Config) -> None:
     engine = config.engine
     available = ray.cluster_resources()
     # A server in the driver computes on the driver's GPU, as the local engine does: Ray places only actors.
-    server_gpus = engine.server_gpus if engine.server == "actor" else 0.0
+    server_gpus, server_key = (engine.server_gpus, " + engine.server_gpus") if engine.server == "actor" else (0.0, "")
     needs = {"CPU": (engine.num_workers * engine.worker_cpus, f"engine.num_workers={engine.num_workers} x "
                                                                  f"engine.worker_cpus"),
              "GPU": (engine.num_workers * engine.worker_gpus + server_gpus,
-                     f"engine.num_workers={engine.num_workers} x engine.worker_gpus"
-                     + (" + engine.server_gpus" if engine.server == "actor" else ""))}
+                     f"engine.num_workers={engine.num_workers} x engine.worker_gpus{server_key}")}
     for resource, (needed, keys) in needs.items():
         if needed > available.get(resource, 0.0) + 1e-9:
             raise ConfigError(f"{keys} needs {needed:g} {resource}s but the Ray cluster has "
