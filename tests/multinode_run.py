@@ -14,8 +14,11 @@ further node's CPUs), `remove_node_at_checkpoint` (after the checkpoint of that 
 worker is removed; null: none), `revive_timeout_s` (how long the run waits for Ray to restart a
 worker; null: rayfed's), `resume_on_new_node` (a run that stopped is resumed once a node with
 `resume_on_new_node` CPUs joined) and `delete` (files deleted once the config is loaded: a plugin the
-actors must get without its file). Writes `local.pt` and `ray.pt` (params, buffers, history),
-`cluster.json` and `stderr.txt` into the scenario's folder, or `error.txt` (the traceback) if it failed."""
+actors must get without its file). With `own_disks`, the scenario's further nodes share no file system
+with the driver: the run directory (`ray` in the scenario's folder) is not there for their processes, and
+each has its own `states` folder (tests/node_disk/sitecustomize.py). Writes `local.pt` and `ray.pt`
+(params, buffers, history), `cluster.json` (with the names of the processes in the run's PSS) and
+`stderr.txt` into the scenario's folder, or `error.txt` (the traceback) if it failed."""
 import contextlib
 import io
 import json
@@ -37,6 +40,8 @@ import rayfed.engine.ray
 OBJECT_STORE_BYTES = 100 * 2**20
 # The head's own resource, through which a placement group holds the head's CPUs a scenario may not use.
 HEAD = "head"
+# A sitecustomize that gives a node's processes a file system of their own (own_disk).
+NODE_DISK = Path(__file__).parent / "node_disk"
 
 
 def worker_actors(created_after: set[str] = frozenset()) -> list[dict]:
@@ -104,7 +109,8 @@ def run_scenario(cluster: Cluster, head_cpus: int, scenario: dict, out: Path, lo
         for index, cpus in enumerate(scenario["node_cpus"]):
             # Started together, registered below: the nodes come up in parallel.
             added.append(cluster.add_node(wait=False, num_cpus=cpus, object_store_memory=OBJECT_STORE_BYTES,
-                                          resources={f"node{index + 1}": 1}))
+                                          resources={f"node{index + 1}": 1},
+                                          env_vars=own_disk(out, index + 1) if scenario.get("own_disks") else None))
         cluster.wait_for_nodes()
         nodes = [cluster.head_node.node_id, *(node.node_id for node in added)]
         remove = scenario.get("remove_node_at_checkpoint")
@@ -130,7 +136,8 @@ def run_scenario(cluster: Cluster, head_cpus: int, scenario: dict, out: Path, lo
                    if actor["ActorClassName"] == "RayServer" and actor["ActorID"] not in earlier]
         (out / "cluster.json").write_text(json.dumps({
             "nodes": nodes, "workers": worker_actors(earlier), "before_resume": before_resume, "servers": servers,
-            "removed": callbacks[0].removed if callbacks else None, "stopped": stopped}))
+            "removed": callbacks[0].removed if callbacks else None, "stopped": stopped,
+            "pss_names": sorted(result.summary["pss_by_process"] or {})}))
     finally:
         rayfed.engine.ray.REVIVE_TIMEOUT_S = revive_timeout_s
         for node in added:
@@ -138,6 +145,13 @@ def run_scenario(cluster: Cluster, head_cpus: int, scenario: dict, out: Path, lo
                 cluster.remove_node(node)
         if hold is not None:
             remove_placement_group(hold)
+
+
+def own_disk(out: Path, index: int) -> dict[str, str]:
+    """The environment of a node whose processes see no run directory and their own `states` folder."""
+    return {"PYTHONPATH": os.pathsep.join([str(NODE_DISK), *filter(None, [os.environ.get("PYTHONPATH")])]),
+            "RAYFED_TEST_NO_DIR": str(out / "ray"),
+            "RAYFED_TEST_OWN_DIR": f"{out / 'states'}={out / f'states-node{index}'}"}
 
 
 def main(spec_path: str) -> None:

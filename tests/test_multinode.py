@@ -27,6 +27,7 @@ REPOSITORY = Path(__file__).parents[1]
 MIFA = SYNTHETIC_MLP + ["algorithm.name=mifa", "train.rounds=5", "train.checkpoint_every=2"]
 # The head's CPUs; a scenario given fewer finds the others held.
 HEAD_CPUS = 2
+SPILLED = "test_spilled_states_are_restored_on_another_node_without_a_shared_file_system"
 
 
 def scenarios(folder):
@@ -47,6 +48,10 @@ def scenarios(folder):
         "test_a_node_removed_mid_run_loses_its_workers_clients_for_one_round_and_goes_on": dict(
             overrides=MIFA, ray_overrides=["engine.num_workers=2", "engine.placement=spread"],
             head_cpus=2, node_cpus=[1], remove_node_at_checkpoint=2),
+        "test_spilled_states_are_restored_on_another_node_without_a_shared_file_system": dict(
+            overrides=MIFA + ["engine.state_memory_mb=0", f"engine.state_dir={folder / SPILLED / 'states'}"],
+            ray_overrides=["engine.num_workers=2", "engine.placement=spread", "engine.worker_loss=replay"],
+            head_cpus=0, node_cpus=[1, 1, 1], own_disks=True, remove_node_at_checkpoint=2),
         "test_a_node_removed_mid_run_is_replayed_from_the_checkpoint_to_the_uninterrupted_bits": dict(
             overrides=MIFA, ray_overrides=["engine.num_workers=2", "engine.placement=spread",
                                            "engine.worker_loss=replay"],
@@ -148,6 +153,31 @@ def test_a_node_removed_mid_run_loses_its_workers_clients_for_one_round_and_goes
     assert cluster["servers"] == [cluster["nodes"][0]]
     assert read_checkpoint(out / "ray").rounds_completed == 4
     assert_mifa_invariant(out / "ray")
+
+
+def test_spilled_states_are_restored_on_another_node_without_a_shared_file_system(cluster_runs, request):
+    """MIFA's states spilled, both workers on nodes that see neither the run directory nor each other's
+    engine.state_dir (tests/node_disk). The checkpoint's copies of their shards reach the run directory
+    through the relay on the driver's node; the removed node's worker, restarted on the third node,
+    reads its copy back the same way, and the replayed run has the uninterrupted bits."""
+    local, ray, cluster, stderr, out = run_on_cluster(cluster_runs, request)
+    head, *added = cluster["nodes"]
+    assert cluster["removed"] in added
+    assert sorted(worker["restarts"] for worker in cluster["workers"]) == [0, 1]
+    assert {worker["node"] for worker in cluster["workers"]} == set(added) - {cluster["removed"]}
+    assert re.search(r"^rayfed: worker [01] died in round 3; went back to the checkpoint of round 2 and running the "
+                     r"rounds since again \(engine.worker_loss=replay\)$", stderr, re.MULTILINE), stderr[-3000:]
+    assert_same_bits(local, ray)
+    # The copies are in the run directory, where only the relay could write them.
+    assert sorted(path.name for path in (out / "ray" / "checkpoint.d").glob("round-*/*.bin")) == [
+        "shard-0-of-2.bin", "shard-1-of-2.bin"]
+    # Each live shard was on its worker's node: the removed node keeps its worker's; the workers still
+    # running removed theirs when the run ended.
+    for index, node in enumerate(added, start=1):
+        shards = [path.name for path in (out / f"states-node{index}").glob("*.bin")]
+        assert len(shards) == (node == cluster["removed"]), (index, shards)
+    assert not any((out / "states").glob("*.bin"))
+    assert {"driver", "server", "worker 0", "worker 1", "copy relay"} <= set(cluster["pss_names"])
 
 
 def assert_node_gone_and_worker_revived(cluster):

@@ -18,7 +18,7 @@ from rayfed.algorithms.base import Algorithm
 from rayfed.callbacks import Callback
 from rayfed.checkpoint import read_checkpoint
 from rayfed.cli import main
-from rayfed.engine.state_store import MemoryStore, RowCodec, SpilledStore
+from rayfed.engine.state_store import LOCAL_COPIES, MemoryStore, RowCodec, SpilledStore, SpillFailed
 from tests.test_checkpoint import ROUNDS, flip_byte, interrupted
 from tests.test_engine_equivalence import SYNTHETIC_MLP, assert_same_run
 from tests.test_plugins import forget_plugins
@@ -196,11 +196,11 @@ def same_state(a, b, transient=True):
         and (not transient or (a.update is None and b.update is None) or torch.equal(a.update, b.update))
 
 
-def store(kind, path=None):
+def store(kind, path=None, copies=LOCAL_COPIES):
     codec = RowCodec(TrackedAlgorithm(), "tracked", 3 + 1)       # (3,) float32 and (2,) bfloat16: 4 floats' bytes
     if kind == "memory":
-        return MemoryStore(codec, torch.device("cpu"))
-    return SpilledStore(path, codec, torch.device("cpu"), num_clients=20, worker_index=1, num_workers=2)
+        return MemoryStore(codec, torch.device("cpu"), copies)
+    return SpilledStore(path, codec, torch.device("cpu"), num_clients=20, worker_index=1, num_workers=2, copies=copies)
 
 
 def test_both_stores_keep_states_in_first_commit_order_and_read_each_others_checkpoints(tmp_path):
@@ -231,6 +231,45 @@ def test_both_stores_keep_states_in_first_commit_order_and_read_each_others_chec
     with pytest.raises(rayfed.ConfigError, match=r"^algorithm 'tracked': field 'memory' of a client state was None in "
                                                  r"the first state and is tensor \[3\] float32 now"):
         spilled.put_many({11: Tracked(torch.zeros(3), torch.zeros(2).bfloat16(), torch.zeros(3), None, 0)})
+
+
+def test_copies_relayed_from_another_node_are_the_local_copies_and_fail_with_one_line(tmp_path, monkeypatch,
+                                                                                     ray_cluster):
+    """A worker away from the driver's node hands its checkpoint copy to the relay there part by part
+    (parts of 3 rows here) and reads it back the same way: the same bytes and manifest as a copy it writes
+    itself; a damaged copy and a copy that cannot be written are one line each."""
+    import ray
+    from rayfed.engine import ray_copies, state_store
+    monkeypatch.setattr(state_store, "COPY_CHUNK_BYTES", 3 * 32)
+    monkeypatch.setattr(ray_copies, "COPY_CHUNK_BYTES", 3 * 32)
+    relay = ray.remote(ray_copies.CopyRelay).remote()
+    elsewhere = ray_copies.RelayedCopies(relay, node="another node")
+    spilled = store("spilled", tmp_path / "live" / "shard-1-of-2.bin")
+    states = tracked(range(1, 20, 2), 0)
+    spilled.put_many(states)
+    assert spilled.codec.layout.row_bytes == 32
+    local_kept, local = spilled.snapshot(str(tmp_path / "local"))
+    spilled.copies = elsewhere      # the same rows, now on another node than the run directory
+    relayed_kept, relayed = spilled.snapshot(str(tmp_path / "relayed"))
+    assert local_kept == relayed_kept == {}
+    assert (tmp_path / "relayed" / "shard-1-of-2.bin").read_bytes() == (tmp_path / "local" / "shard-1-of-2.bin"
+                                                                        ).read_bytes()
+    assert relayed["sha256"] == local["sha256"] and torch.equal(relayed["row_sha256"], local["row_sha256"])
+    path = tmp_path / "relayed" / "shard-1-of-2.bin"
+    for restored in (store("memory", copies=elsewhere),
+                     store("spilled", tmp_path / "other" / "shard-1-of-2.bin", copies=elsewhere)):
+        restored.restore({}, {**relayed, "path": str(path)})
+        assert all(same_state(restored.get(client), spilled.get(client), transient=False) for client in states)
+    flip_byte(path, 20)
+    with pytest.raises(rayfed.ConfigError, match=rf"^{path} is damaged: its bytes no longer match the SHA-256 that "
+                                                 r"checkpoint.pt holds for them$"):
+        store("memory", copies=elsewhere).restore({}, {**relayed, "path": str(path)})
+    (tmp_path / "a_file").write_text("")
+    for copies in (LOCAL_COPIES, elsewhere):
+        spilled.copies = copies
+        with pytest.raises(SpillFailed, match=rf"^cannot write the checkpoint's copy of worker 1's client states to "
+                                              rf"{tmp_path / 'a_file' / 'shard-1-of-2.bin'}: File exists$"):
+            spilled.snapshot(str(tmp_path / "a_file"))
 
 
 def test_a_plugins_declared_state_spills_and_a_wrong_declaration_is_one_line(tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import ray
 
@@ -40,12 +41,10 @@ class MemoryProbe:
         return machine_pss(named)
 
 
-def run_pss(server: list, workers: list) -> dict[str, int] | None:
-    """{name: PSS in bytes} of the driver, the `server` actor (none where the server runs in the driver)
-    and `workers` actors ("worker 0", ...) and Ray's processes on their nodes, now; None when the
-    driver's PSS cannot be read (no /proc) or an actor does not answer."""
-    actors = {**(dict(server=server[0]) if server else {}),
-              **{f"worker {index}": worker for index, worker in enumerate(workers)}}
+def run_pss(actors: dict[str, Any]) -> dict[str, int] | None:
+    """{name: PSS in bytes} of the driver, the run's `actors` ({name: MemoryProbe actor}: the server,
+    "worker 0", ...) and Ray's processes on their nodes, now; None when the driver's PSS cannot be read
+    (no /proc) or an actor does not answer."""
     driver_node, here, driver = whereabouts()
     try:
         places = dict(zip(actors, ray.get([actor.whereabouts.remote() for actor in actors.values()],

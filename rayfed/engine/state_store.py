@@ -15,7 +15,8 @@ it (a mapped write would be a SIGBUS), and the file's pages are the page cache's
 
 A checkpoint copies each shard's rows beside checkpoint.pt and records their SHA-256 with the row
 index; a worker restored from it (after a restart, or on resume) copies them back, checking the
-digest on the way.
+digest on the way. The copies travel through `StateStorage.copies`: the file system of the worker's
+own process, or, for a worker on another node than the run directory's, the ray engine's relay.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import os
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -50,11 +51,37 @@ class SpillFailed(Exception):
     """Spilled client states could not be written (a full disk): one line, the run stops."""
 
 
+class LocalCopies:
+    """A checkpoint's copies of spilled shards, written and read where this process runs."""
+
+    def write(self, path: Path, parts: Iterator[bytes]) -> None:
+        """`parts` one after another into a new file at `path`, on the disk when this returns; OSError otherwise."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as out:
+            for part in parts:
+                out.write(part)
+            out.flush()
+            os.fsync(out.fileno())
+        _fsync_directory(str(path.parent))
+
+    def read(self, path: Path, size: int) -> Iterator[bytes]:
+        """The first `size` bytes of `path` in parts, then one more part: b"" unless the file is longer."""
+        with open(path, "rb") as file:
+            for start in range(0, size, COPY_CHUNK_BYTES):
+                yield file.read(min(COPY_CHUNK_BYTES, size - start))
+            yield file.read(1)
+
+
+LOCAL_COPIES = LocalCopies()
+
+
 @dataclass(frozen=True)
 class StateStorage:
-    """Where a run's workers keep client states: in memory, or spilled to files in `directory`."""
+    """Where a run's workers keep client states: in memory, or spilled to files in `directory`; and
+    how a checkpoint's copies of those files reach the run directory (`copies`: LocalCopies' methods)."""
 
     directory: str | None = None
+    copies: Any = LOCAL_COPIES
 
     @property
     def spilled(self) -> bool:
@@ -63,11 +90,12 @@ class StateStorage:
     def shard_path(self, worker_index: int, num_workers: int) -> Path:
         return Path(self.directory) / shard_name(worker_index, num_workers)
 
-    def remove_files(self, num_workers: int) -> None:
-        """The live shards, once the run ended: only the checkpoint's copies are ever read again."""
+    def remove_files(self, num_workers: int, workers: Iterable[int] | None = None) -> None:
+        """The live shards of `workers` (default: all) once the run ended: only the checkpoint's copies are
+        ever read again."""
         if not self.spilled:
             return
-        for worker in range(num_workers):
+        for worker in range(num_workers) if workers is None else workers:
             self.shard_path(worker, num_workers).unlink(missing_ok=True)
         try:
             os.rmdir(self.directory)
@@ -253,7 +281,8 @@ class RowCodec:
 class MemoryStore:
     """Today's dict of client states: the default, and what a run whose states fit its budget uses."""
 
-    def __init__(self, codec: RowCodec, device: torch.device):
+    def __init__(self, codec: RowCodec, device: torch.device, copies: Any = LOCAL_COPIES):
+        self.copies = copies
         self.codec = codec
         self.device = device
         self.states: dict[int, Any] = {}
@@ -279,7 +308,7 @@ class MemoryStore:
         return {client: tensors_to(state, torch.device("cpu")) for client, state in self.states.items()}, None
 
     def restore(self, states: dict[int, Any], shard: dict | None) -> None:
-        self.states = dict(read_shard(shard, self.codec, self.device)) if shard is not None else {}
+        self.states = dict(read_shard(shard, self.codec, self.device, self.copies)) if shard is not None else {}
         self.states.update({client: tensors_to(state, self.device) for client, state in states.items()})
 
 
@@ -287,8 +316,9 @@ class SpilledStore:
     """The states of one worker's clients as rows of one file (see the module's docstring)."""
 
     def __init__(self, path: Path, codec: RowCodec, device: torch.device, num_clients: int, worker_index: int,
-                 num_workers: int):
+                 num_workers: int, copies: Any = LOCAL_COPIES):
         self.path = path
+        self.copies = copies
         self.codec = codec
         self.device = device
         self.worker_index = worker_index
@@ -371,21 +401,20 @@ class SpilledStore:
         target = Path(directory) / self.path.name
         digest = hashlib.sha256()
         row_digests = np.zeros((self.count, 32), np.uint8)
+
+        def parts() -> Iterator[bytearray]:
+            for first in range(0, self.count if layout is not None else 0, per_part):
+                rows = range(first, min(first + per_part, self.count))
+                part = bytearray(len(rows) * row_bytes)
+                self._read_into(part, first * row_bytes)
+                digest.update(part)
+                for row in rows:
+                    start = (row - first) * row_bytes
+                    row_digests[row] = row_sha256(memoryview(part)[start:start + row_bytes], self.nones[row])
+                yield part
+
         try:
-            os.makedirs(directory, exist_ok=True)
-            with open(target, "wb") as out:
-                for first in range(0, self.count if layout is not None else 0, per_part):
-                    rows = range(first, min(first + per_part, self.count))
-                    part = bytearray(len(rows) * row_bytes)
-                    self._read_into(part, first * row_bytes)
-                    digest.update(part)
-                    for row in rows:
-                        start = (row - first) * row_bytes
-                        row_digests[row] = row_sha256(memoryview(part)[start:start + row_bytes], self.nones[row])
-                    out.write(part)
-                out.flush()
-                os.fsync(out.fileno())
-            _fsync_directory(directory)
+            self.copies.write(target, parts())
         except OSError as error:
             raise SpillFailed(f"cannot write the checkpoint's copy of worker {self.worker_index}'s client states to "
                               f"{target}: {error.strerror or error}") from None
@@ -404,7 +433,7 @@ class SpilledStore:
         if shard is not None and shard["layout"] is not None:
             self.codec.adopt(StateLayout.from_dict(shard["layout"]))
             try:
-                for start, part in _verified_parts(shard, self.codec.layout.row_bytes):
+                for start, part in _verified_parts(shard, self.codec.layout.row_bytes, self.copies):
                     self._write(np.frombuffer(part, np.uint8), start)
             except ConfigError:
                 self._reset()
@@ -482,35 +511,38 @@ def open_store(storage: StateStorage, algorithm: Algorithm, name: str, declared_
                worker_index: int, num_workers: int, device: torch.device) -> ClientStateStore:
     codec = RowCodec(algorithm, name, declared_floats)
     if not storage.spilled:
-        return MemoryStore(codec, device)
+        return MemoryStore(codec, device, storage.copies)
     return SpilledStore(storage.shard_path(worker_index, num_workers), codec, device, num_clients, worker_index,
-                        num_workers)
+                        num_workers, storage.copies)
 
 
-def read_shard(shard: dict, codec: RowCodec, device: torch.device) -> Iterator[tuple[int, Any]]:
+def read_shard(shard: dict, codec: RowCodec, device: torch.device, copies: Any) -> Iterator[tuple[int, Any]]:
     """A checkpoint's spilled shard as (client, state) in row order, for a worker that keeps its
     states in memory; the digest is checked before the last state is given."""
     if shard["layout"] is None:
         return
     codec.adopt(StateLayout.from_dict(shard["layout"]))
-    data = bytearray(b"".join(part for _, part in _verified_parts(shard, codec.layout.row_bytes)))
+    data = bytearray(b"".join(part for _, part in _verified_parts(shard, codec.layout.row_bytes, copies)))
     nones = shard["nones"].numpy()
     for row, client in enumerate(shard["clients"].tolist()):
         yield client, codec.decode(data, row * codec.layout.row_bytes, nones[row], device)
 
 
-def _verified_parts(shard: dict, row_bytes: int) -> Iterator[tuple[int, bytes]]:
+def _verified_parts(shard: dict, row_bytes: int, copies: Any) -> Iterator[tuple[int, bytes]]:
     """A checkpoint's copy of a shard as (offset, bytes) parts; after the last, a ConfigError of one
     line when its bytes are not those checkpoint.pt records (changed, cut short or grown)."""
     source = Path(shard["path"])
     size = shard["rows"] * row_bytes
     digest = hashlib.sha256()
-    with open(source, "rb") as file:
-        for start in range(0, size, COPY_CHUNK_BYTES):
-            part = file.read(min(COPY_CHUNK_BYTES, size - start))
-            digest.update(part)
-            yield start, part
-        trailing = file.read(1)
+    start = 0
+    parts = copies.read(source, size)
+    for _ in range(0, size, COPY_CHUNK_BYTES):
+        part = next(parts)
+        digest.update(part)
+        yield start, part
+        start += len(part)
+    trailing = next(parts)
+    parts.close()
     if digest.hexdigest() != shard["sha256"] or trailing:
         raise ConfigError(damaged_shard(source))
 
