@@ -381,7 +381,8 @@ class EngineConfig(_Section):
     the rest of the run. Checked before round 1, with the free disk (see Large N)."""
     state_dir: Optional[_Path] = None
     """Where spilled client states live, one file per worker (default: `client_states/` in the run directory); a local
-    disk with room for all N clients' states, and twice that in the run directory's disk for checkpoints."""
+    disk with room for all N clients' states, and twice that in the run directory's disk for checkpoints. On a Ray
+    cluster each worker's file is on its own node: a path every node can create (see Large N)."""
     placement: Literal[PLACEMENTS] = "default"
     """Ray: where the worker actors go. `default`: Ray's default scheduling (it fills a node to half its CPUs before it
     moves on); `spread`: over as many nodes as possible (Ray's SPREAD strategy, soft: a worker Ray restarts after its

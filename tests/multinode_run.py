@@ -17,8 +17,8 @@ worker; null: rayfed's), `resume_on_new_node` (a run that stopped is resumed onc
 actors must get without its file). With `own_disks`, the scenario's further nodes share no file system
 with the driver: the run directory (`ray` in the scenario's folder) is not there for their processes, and
 each has its own `states` folder (tests/node_disk/sitecustomize.py). Writes `local.pt` and `ray.pt`
-(params, buffers, history), `cluster.json` (with the names of the processes in the run's PSS) and
-`stderr.txt` into the scenario's folder, or `error.txt` (the traceback) if it failed."""
+(params, buffers, history), `cluster.json` and `stderr.txt` into the scenario's folder, or `error.txt`
+(the traceback) if it failed."""
 import contextlib
 import io
 import json
@@ -136,8 +136,7 @@ def run_scenario(cluster: Cluster, head_cpus: int, scenario: dict, out: Path, lo
                    if actor["ActorClassName"] == "RayServer" and actor["ActorID"] not in earlier]
         (out / "cluster.json").write_text(json.dumps({
             "nodes": nodes, "workers": worker_actors(earlier), "before_resume": before_resume, "servers": servers,
-            "removed": callbacks[0].removed if callbacks else None, "stopped": stopped,
-            "pss_names": sorted(result.summary["pss_by_process"] or {})}))
+            "removed": callbacks[0].removed if callbacks else None, "stopped": stopped}))
     finally:
         rayfed.engine.ray.REVIVE_TIMEOUT_S = revive_timeout_s
         for node in added:

@@ -176,8 +176,6 @@ def test_spilled_states_are_restored_on_another_node_without_a_shared_file_syste
     for index, node in enumerate(added, start=1):
         shards = [path.name for path in (out / f"states-node{index}").glob("*.bin")]
         assert len(shards) == (node == cluster["removed"]), (index, shards)
-    assert not any((out / "states").glob("*.bin"))
-    assert {"driver", "server", "worker 0", "worker 1", "copy relay"} <= set(cluster["pss_names"])
 
 
 def assert_node_gone_and_worker_revived(cluster):

@@ -237,35 +237,49 @@ def test_copies_relayed_from_another_node_are_the_local_copies_and_fail_with_one
                                                                                      ray_cluster):
     """A worker away from the driver's node hands its checkpoint copy to the relay there part by part
     (parts of 3 rows here) and reads it back the same way: the same bytes and manifest as a copy it writes
-    itself; a damaged copy and a copy that cannot be written are one line each."""
+    itself. A worker on the driver's node makes no relay; a relay that died is made again; a damaged copy,
+    a missing one and one that cannot be written fail as they do without the relay, in one line."""
     import ray
     from rayfed.engine import ray_copies, state_store
     monkeypatch.setattr(state_store, "COPY_CHUNK_BYTES", 3 * 32)
-    monkeypatch.setattr(ray_copies, "COPY_CHUNK_BYTES", 3 * 32)
-    relay = ray.remote(ray_copies.CopyRelay).remote()
-    elsewhere = ray_copies.RelayedCopies(relay, node="another node")
-    spilled = store("spilled", tmp_path / "live" / "shard-1-of-2.bin")
+    driver_node = ray.get_runtime_context().get_node_id()
+    here = ray_copies.RelayedCopies(driver_node, "rayfed-test-relay-here")
+
+    class Elsewhere(ray_copies.RelayedCopies):
+        """The copies as a worker on another node than the driver's has them."""
+
+        def _here(self):
+            return False
+
+    elsewhere = Elsewhere(driver_node, "rayfed-test-relay")
+    spilled = store("spilled", tmp_path / "live" / "shard-1-of-2.bin", copies=here)
     states = tracked(range(1, 20, 2), 0)
     spilled.put_many(states)
     assert spilled.codec.layout.row_bytes == 32
     local_kept, local = spilled.snapshot(str(tmp_path / "local"))
+    assert ray_copies.existing_relay(here.name) is None and ray_copies.existing_relay(elsewhere.name) is None
     spilled.copies = elsewhere      # the same rows, now on another node than the run directory
     relayed_kept, relayed = spilled.snapshot(str(tmp_path / "relayed"))
+    assert ray_copies.existing_relay(elsewhere.name) is not None
     assert local_kept == relayed_kept == {}
     assert (tmp_path / "relayed" / "shard-1-of-2.bin").read_bytes() == (tmp_path / "local" / "shard-1-of-2.bin"
                                                                         ).read_bytes()
     assert relayed["sha256"] == local["sha256"] and torch.equal(relayed["row_sha256"], local["row_sha256"])
     path = tmp_path / "relayed" / "shard-1-of-2.bin"
+    ray.kill(ray_copies.existing_relay(elsewhere.name))
     for restored in (store("memory", copies=elsewhere),
                      store("spilled", tmp_path / "other" / "shard-1-of-2.bin", copies=elsewhere)):
         restored.restore({}, {**relayed, "path": str(path)})
         assert all(same_state(restored.get(client), spilled.get(client), transient=False) for client in states)
     flip_byte(path, 20)
-    with pytest.raises(rayfed.ConfigError, match=rf"^{path} is damaged: its bytes no longer match the SHA-256 that "
-                                                 r"checkpoint.pt holds for them$"):
-        store("memory", copies=elsewhere).restore({}, {**relayed, "path": str(path)})
+    for copies in (here, elsewhere):
+        with pytest.raises(rayfed.ConfigError, match=rf"^{path} is damaged: its bytes no longer match the SHA-256 "
+                                                     r"that checkpoint.pt holds for them$"):
+            store("memory", copies=copies).restore({}, {**relayed, "path": str(path)})
+        with pytest.raises(FileNotFoundError, match=rf"^\[Errno 2\] No such file or directory: '{tmp_path}/gone'$"):
+            copies.read(tmp_path / "gone", 0, 1)
     (tmp_path / "a_file").write_text("")
-    for copies in (LOCAL_COPIES, elsewhere):
+    for copies in (here, elsewhere):
         spilled.copies = copies
         with pytest.raises(SpillFailed, match=rf"^cannot write the checkpoint's copy of worker 1's client states to "
                                               rf"{tmp_path / 'a_file' / 'shard-1-of-2.bin'}: File exists$"):

@@ -18,6 +18,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from typing import Any, Callable
 
 import ray
@@ -32,7 +33,7 @@ from rayfed.data.lazy import is_lazy
 from rayfed.engine.client_data import worker_data
 from rayfed.engine.lost import ServerLost, WorkerLost
 from rayfed.engine.messages import Broadcast
-from rayfed.engine.ray_copies import CopyRelay, RelayedCopies
+from rayfed.engine.ray_copies import RelayedCopies, existing_relay
 from rayfed.engine.ray_memory import MemoryProbe, run_pss
 from rayfed.engine.server import Server, clients_train_data
 from rayfed.engine.state_store import SpillFailed, StateStorage
@@ -145,7 +146,7 @@ class RayClientWorker(MemoryProbe):
     def enact(self, fault: Fault) -> None:
         enact(fault)
 
-    def remove_live_states(self) -> None:
+    def remove_live_shard(self) -> None:
         """The run ended: this worker's live shard of spilled states, on a node the driver may not reach."""
         _, _, _, worker_index, num_workers, storage = self.arguments
         storage.remove_files(num_workers, [worker_index])
@@ -183,7 +184,7 @@ REVIVE_TIMEOUT_S = 120.0
 # A call can fail while its actor stays up (no restart follows): after this long, attach to it as it is.
 SAME_INCARNATION_S = 10.0
 # How long the engine's shutdown waits for the workers to remove their live shards (a dead one cannot).
-LIVE_STATES_REMOVAL_S = 10.0
+LIVE_SHARD_REMOVAL_S = 10.0
 
 
 class RayEngine:
@@ -234,13 +235,13 @@ class RayEngine:
             server_arguments = (plugins, config, test_ref, dataset.input_shape, dataset.num_classes, client_systems,
                                 ray.put(clients_train_data(config, dataset, partition)))
             self.new_server = lambda: RemoteHandle(server_actor.remote(*server_arguments))
-        # Spilled states on more than one node: the checkpoint's copies of the shards of workers away from the
-        # driver's node go through a relay there, so the run needs no file system that the nodes share. The
-        # workers keep their live shards on their own nodes, and remove them when the run ends.
-        driver_node = ray.get_runtime_context().get_node_id()
-        self.relay = _copy_relay(storage, driver_node)
-        if self.relay is not None:
-            storage = dataclasses.replace(storage, copies=RelayedCopies(self.relay, driver_node))
+        # The checkpoint's copies of spilled shards of workers away from the driver's node go through a relay
+        # there, so the run needs no file system that the nodes share. The workers keep their live shards on
+        # their own nodes, and remove them when the run ends.
+        self.relay_name = f"rayfed-copy-relay-{uuid.uuid4().hex}"
+        self.spilled = storage.spilled
+        storage = dataclasses.replace(storage, copies=RelayedCopies(ray.get_runtime_context().get_node_id(),
+                                                                    self.relay_name))
         worker_actor = ray.remote(RayClientWorker).options(num_cpus=engine.worker_cpus, num_gpus=engine.worker_gpus,
                                                            max_restarts=engine.worker_max_restarts,
                                                            **_worker_placement(engine.placement))
@@ -352,8 +353,9 @@ class RayEngine:
         """The run's actors, by the names the PSS report gives them."""
         named = dict(zip(["server"], self._server_actor()))
         named.update({f"worker {index}": handle.actor for index, handle in enumerate(self.workers)})
-        if self.relay is not None:
-            named["copy relay"] = self.relay
+        relay = existing_relay(self.relay_name)
+        if relay is not None:
+            named["copy relay"] = relay
         return named
 
     def recreate_server(self) -> None:
@@ -370,10 +372,10 @@ class RayEngine:
 
     def shutdown(self) -> None:
         try:
-            if self.relay is not None:
+            if self.spilled:
                 # Live shards on other nodes than the driver's, which the driver cannot remove.
-                ray.wait([handle.actor.remove_live_states.remote() for handle in self.workers],
-                         num_returns=len(self.workers), timeout=LIVE_STATES_REMOVAL_S)
+                ray.wait([handle.actor.remove_live_shard.remote() for handle in self.workers],
+                         num_returns=len(self.workers), timeout=LIVE_SHARD_REMOVAL_S)
             for actor in self._named_actors().values():
                 ray.kill(actor)
         finally:
@@ -410,14 +412,6 @@ def _server_placement(server_gpus: float) -> dict:
         return {}
     node = ray.get_runtime_context().get_node_id()
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node, soft=False)}
-
-
-def _copy_relay(storage: StateStorage, driver_node: str):
-    """A CopyRelay actor on the driver's node where spilled workers may run elsewhere; else None."""
-    if not storage.spilled or sum(node["Alive"] for node in ray.nodes()) < 2:
-        return None
-    return ray.remote(CopyRelay).options(
-        num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=driver_node, soft=False)).remote()
 
 
 def _worker_placement(placement: str) -> dict:

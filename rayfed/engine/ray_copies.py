@@ -3,22 +3,29 @@ directory's, on a cluster without a shared file system.
 
 A worker that spills keeps its live shard on its own node (engine.state_dir there), but the
 checkpoint's copy belongs in the run directory, on the driver's node, and a worker restarted on any
-node must read it back. `CopyRelay`, an actor pinned to the driver's node, writes and reads those
-copies for the workers elsewhere, one part (8 MiB) per call, so neither side holds a whole shard;
-`RelayedCopies` is what such a worker uses in place of its own file system (the interface of
-rayfed.engine.state_store.LocalCopies). A worker on the driver's node uses its own file system, as
-on one node."""
+node must read it back. `RelayedCopies` (the ray engine's StateStorage.copies) is the file system
+of a worker on the driver's node, and elsewhere a `CopyRelay` actor on the driver's node that
+writes and reads the run directory for it, one part (8 MiB) per call, so neither side holds a whole
+shard. The relay is made when a worker away from the driver's node first needs it, by that worker:
+a run on one node never starts one, nor does a run whose workers all stay on the driver's node.
+"""
 from __future__ import annotations
 
+import errno
 import os
+import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayfed.engine.ray_memory import MemoryProbe
-from rayfed.engine.state_store import COPY_CHUNK_BYTES, LOCAL_COPIES
+from rayfed.engine.state_store import LOCAL_COPIES
 
+# Calls to a relay that died (with the worker that made it) before one is made again, and the pause between.
+RELAY_ATTEMPTS = 3
+RELAY_PAUSE_S = 1.0
 # OSError's errno and text, as the relay hands a failure back (an exception would reach the worker
 # wrapped in Ray's, without the errno a full disk is told by).
 Failure = tuple[int, str]
@@ -56,9 +63,7 @@ class CopyRelay(MemoryProbe):
 
     def read(self, path: str, offset: int, size: int) -> bytes | Failure:
         try:
-            with open(path, "rb") as file:
-                file.seek(offset)
-                return file.read(size)
+            return LOCAL_COPIES.read(Path(path), offset, size)
         except OSError as error:
             return _failure(error)
 
@@ -68,40 +73,64 @@ def _failure(error: OSError) -> Failure:
 
 
 class RelayedCopies:
-    """LocalCopies' interface, through `relay` for a worker that is not on `node` (the driver's)."""
+    """Copies for a worker of a run whose driver is on `node`: its own file system there, the relay
+    named `name` elsewhere. Paths are absolute: the relay's working directory is not the driver's."""
 
-    def __init__(self, relay: Any, node: str):
-        self.relay = relay
+    def __init__(self, node: str, name: str):
         self.node = node
+        self.name = name
+        # The relay, once this process has called it: a named actor lives while a handle to it does.
+        self.handle = None
 
-    def _here(self) -> bool:
-        return ray.get_runtime_context().get_node_id() == self.node
-
-    def write(self, path: Path, parts: Iterator[bytes]) -> None:
+    def write(self, path: Path, parts: Iterable[bytes]) -> None:
         if self._here():
             LOCAL_COPIES.write(path, parts)
             return
         offset = 0
         for part in parts:
-            _raise(ray.get(self.relay.write.remote(str(path), offset, bytes(part))), path)
+            self._call("write", path, offset, part)
             offset += len(part)
-        _raise(ray.get(self.relay.finish.remote(str(path))), path)
+        self._call("finish", path)
 
-    def read(self, path: Path, size: int) -> Iterator[bytes]:
+    def read(self, path: Path, offset: int, size: int) -> bytes:
         if self._here():
-            yield from LOCAL_COPIES.read(path, size)
-            return
-        for start in range(0, size, COPY_CHUNK_BYTES):
-            yield self._read(path, start, min(COPY_CHUNK_BYTES, size - start))
-        yield self._read(path, size, 1)
+            return LOCAL_COPIES.read(path, offset, size)
+        return self._call("read", path, offset, size)
 
-    def _read(self, path: Path, offset: int, size: int) -> bytes:
-        part = ray.get(self.relay.read.remote(str(path), offset, size))
-        _raise(part, path)
-        return part
+    def _here(self) -> bool:
+        return ray.get_runtime_context().get_node_id() == self.node
+
+    def _call(self, method: str, path: Path, *arguments) -> Any:
+        """The relay's `method` on `path`, its failure as the OSError it was. A relay dies with the worker
+        that made it (its owner): the next call makes another, under the same name."""
+        for attempt in range(RELAY_ATTEMPTS):
+            if self.handle is None:
+                self.handle = relay(self.node, self.name)
+            try:
+                outcome = ray.get(getattr(self.handle, method).remote(str(path), *arguments))
+                break
+            except ray.exceptions.RayActorError:
+                self.handle = None
+                if attempt == RELAY_ATTEMPTS - 1:
+                    raise OSError(errno.EIO, "the copy relay on the driver's node did not answer", str(path)) from None
+                time.sleep(RELAY_PAUSE_S)       # until the cluster has let go of the dead relay's name
+        if isinstance(outcome, tuple):
+            raise OSError(outcome[0], outcome[1], str(path))
+        return outcome
 
 
-def _raise(outcome: bytes | Failure | None, path: Path) -> None:
-    if isinstance(outcome, tuple):
-        errno, text = outcome
-        raise OSError(errno, text, str(path))
+def relay(node: str, name: str):
+    """The run's relay, made if there is none: pinned to the driver's node, with no CPU of its own. Its
+    explicit placement keeps it out of a sweep trial's placement group, which holds only the trial's
+    workers' CPUs."""
+    return ray.remote(CopyRelay).options(
+        name=name, get_if_exists=True, num_cpus=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False)).remote()
+
+
+def existing_relay(name: str):
+    """The run's relay if a worker has made one; else None."""
+    try:
+        return ray.get_actor(name)
+    except ValueError:
+        return None

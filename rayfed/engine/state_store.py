@@ -16,7 +16,8 @@ it (a mapped write would be a SIGBUS), and the file's pages are the page cache's
 A checkpoint copies each shard's rows beside checkpoint.pt and records their SHA-256 with the row
 index; a worker restored from it (after a restart, or on resume) copies them back, checking the
 digest on the way. The copies travel through `StateStorage.copies`: the file system of the worker's
-own process, or, for a worker on another node than the run directory's, the ray engine's relay.
+own process, or, for a worker on another node than the run directory's, the ray engine's relay
+(rayfed.engine.ray_copies).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import os
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Protocol
 
 import numpy as np
 import torch
@@ -51,11 +52,21 @@ class SpillFailed(Exception):
     """Spilled client states could not be written (a full disk): one line, the run stops."""
 
 
-class LocalCopies:
-    """A checkpoint's copies of spilled shards, written and read where this process runs."""
+class Copies(Protocol):
+    """How a checkpoint's copies of spilled shards are written into and read from the run directory."""
 
-    def write(self, path: Path, parts: Iterator[bytes]) -> None:
+    def write(self, path: Path, parts: Iterable[bytes]) -> None:
         """`parts` one after another into a new file at `path`, on the disk when this returns; OSError otherwise."""
+
+    def read(self, path: Path, offset: int, size: int) -> bytes:
+        """At most `size` bytes of `path` from `offset` (fewer at its end); OSError otherwise."""
+
+
+class LocalCopies:
+    """Copies written and read where this process runs: the run directory is on its disk (one machine,
+    or a file system that the nodes share)."""
+
+    def write(self, path: Path, parts: Iterable[bytes]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as out:
             for part in parts:
@@ -64,12 +75,10 @@ class LocalCopies:
             os.fsync(out.fileno())
         _fsync_directory(str(path.parent))
 
-    def read(self, path: Path, size: int) -> Iterator[bytes]:
-        """The first `size` bytes of `path` in parts, then one more part: b"" unless the file is longer."""
+    def read(self, path: Path, offset: int, size: int) -> bytes:
         with open(path, "rb") as file:
-            for start in range(0, size, COPY_CHUNK_BYTES):
-                yield file.read(min(COPY_CHUNK_BYTES, size - start))
-            yield file.read(1)
+            file.seek(offset)
+            return file.read(size)
 
 
 LOCAL_COPIES = LocalCopies()
@@ -78,10 +87,10 @@ LOCAL_COPIES = LocalCopies()
 @dataclass(frozen=True)
 class StateStorage:
     """Where a run's workers keep client states: in memory, or spilled to files in `directory`; and
-    how a checkpoint's copies of those files reach the run directory (`copies`: LocalCopies' methods)."""
+    how a checkpoint's copies of those files reach the run directory."""
 
     directory: str | None = None
-    copies: Any = LOCAL_COPIES
+    copies: Copies = LOCAL_COPIES
 
     @property
     def spilled(self) -> bool:
@@ -281,7 +290,7 @@ class RowCodec:
 class MemoryStore:
     """Today's dict of client states: the default, and what a run whose states fit its budget uses."""
 
-    def __init__(self, codec: RowCodec, device: torch.device, copies: Any = LOCAL_COPIES):
+    def __init__(self, codec: RowCodec, device: torch.device, copies: Copies):
         self.copies = copies
         self.codec = codec
         self.device = device
@@ -316,7 +325,7 @@ class SpilledStore:
     """The states of one worker's clients as rows of one file (see the module's docstring)."""
 
     def __init__(self, path: Path, codec: RowCodec, device: torch.device, num_clients: int, worker_index: int,
-                 num_workers: int, copies: Any = LOCAL_COPIES):
+                 num_workers: int, copies: Copies):
         self.path = path
         self.copies = copies
         self.codec = codec
@@ -435,8 +444,8 @@ class SpilledStore:
             try:
                 for start, part in _verified_parts(shard, self.codec.layout.row_bytes, self.copies):
                     self._write(np.frombuffer(part, np.uint8), start)
-            except ConfigError:
-                self._reset()
+            except Exception:
+                self._reset()       # no rows of a copy that could not be read whole
                 raise
             clients = shard["clients"].numpy()
             self.clients, self.nones, self.count = clients.copy(), shard["nones"].numpy().copy(), len(clients)
@@ -516,7 +525,7 @@ def open_store(storage: StateStorage, algorithm: Algorithm, name: str, declared_
                         num_workers, storage.copies)
 
 
-def read_shard(shard: dict, codec: RowCodec, device: torch.device, copies: Any) -> Iterator[tuple[int, Any]]:
+def read_shard(shard: dict, codec: RowCodec, device: torch.device, copies: Copies) -> Iterator[tuple[int, Any]]:
     """A checkpoint's spilled shard as (client, state) in row order, for a worker that keeps its
     states in memory; the digest is checked before the last state is given."""
     if shard["layout"] is None:
@@ -528,22 +537,17 @@ def read_shard(shard: dict, codec: RowCodec, device: torch.device, copies: Any) 
         yield client, codec.decode(data, row * codec.layout.row_bytes, nones[row], device)
 
 
-def _verified_parts(shard: dict, row_bytes: int, copies: Any) -> Iterator[tuple[int, bytes]]:
+def _verified_parts(shard: dict, row_bytes: int, copies: Copies) -> Iterator[tuple[int, bytes]]:
     """A checkpoint's copy of a shard as (offset, bytes) parts; after the last, a ConfigError of one
     line when its bytes are not those checkpoint.pt records (changed, cut short or grown)."""
     source = Path(shard["path"])
     size = shard["rows"] * row_bytes
     digest = hashlib.sha256()
-    start = 0
-    parts = copies.read(source, size)
-    for _ in range(0, size, COPY_CHUNK_BYTES):
-        part = next(parts)
+    for start in range(0, size, COPY_CHUNK_BYTES):
+        part = copies.read(source, start, min(COPY_CHUNK_BYTES, size - start))
         digest.update(part)
         yield start, part
-        start += len(part)
-    trailing = next(parts)
-    parts.close()
-    if digest.hexdigest() != shard["sha256"] or trailing:
+    if digest.hexdigest() != shard["sha256"] or copies.read(source, size, 1):
         raise ConfigError(damaged_shard(source))
 
 

@@ -182,12 +182,14 @@ class Supervisor:
 
     def _client_states(self, directory: Path, replay: bool = False) -> tuple[dict[int, Any], list[dict]]:
         """Every worker's client states for a checkpoint: states kept in memory, and the manifests
-        of spilled shards, whose rows the workers copy into `directory`. With `replay` and
+        of spilled shards, whose rows the workers copy into `directory` (named absolute: a worker's
+        working directory need not be the driver's). With `replay` and
         engine.worker_loss=replay, a worker that dies meanwhile raises Replay (a revived one would
         hand over the previous checkpoint's states)."""
         client_states, shards = {}, []
         for states, shard in self._ask_workers(
-                lambda worker: self.engine.workers[worker].snapshot_client_states(str(directory)), replay=replay):
+                lambda worker: self.engine.workers[worker].snapshot_client_states(str(directory.absolute())),
+                replay=replay):
             client_states.update(states)
             if shard is not None:
                 shards.append({**shard, "file": (directory / shard["file"]).relative_to(self.run_dir).as_posix()})
@@ -265,7 +267,7 @@ class Supervisor:
         return self.engine.workers[worker].restore_client_states(
             {client: state for client, state in checkpoint.client_states.items()
              if client_owner(client, num_workers) == worker},
-            None if shard is None else {**shard, "path": str(self.run_dir / shard["file"])})
+            None if shard is None else {**shard, "path": str((self.run_dir / shard["file"]).absolute())})
 
     def _go_back_to(self, checkpoint: Checkpoint | None) -> None:
         """The server and every worker as at `checkpoint` (None: as at the start)."""

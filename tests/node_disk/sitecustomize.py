@@ -4,7 +4,11 @@ a cluster without a shared file system do, though all nodes run on one machine.
 
 RAYFED_TEST_NO_DIR: a directory that is not on this node (the driver's run directory): opening, creating,
 listing or removing anything under it fails with ENOENT.
-RAYFED_TEST_OWN_DIR: SHARED=OWN: paths under SHARED are this node's own, under OWN instead."""
+RAYFED_TEST_OWN_DIR: SHARED=OWN: paths under SHARED are this node's own, under OWN instead.
+
+Only Python's own calls are redirected (open, and os's open, mkdir, unlink, rmdir, stat, lstat, listdir
+and scandir): what a worker does with client-state files. A library writing through C (torch.save) or
+os.replace would still reach the shared paths; rayfed's workers do neither."""
 import builtins
 import errno
 import io
