@@ -266,11 +266,14 @@ def test_copies_relayed_from_another_node_are_the_local_copies_and_fail_with_one
                                                                         ).read_bytes()
     assert relayed["sha256"] == local["sha256"] and torch.equal(relayed["row_sha256"], local["row_sha256"])
     path = tmp_path / "relayed" / "shard-1-of-2.bin"
-    ray.kill(ray_copies.existing_relay(elsewhere.name))
+    assert not path.with_name("shard-1-of-2.bin.part").exists()
+    killed = ray_copies.existing_relay(elsewhere.name)
+    ray.kill(killed)
     for restored in (store("memory", copies=elsewhere),
                      store("spilled", tmp_path / "other" / "shard-1-of-2.bin", copies=elsewhere)):
         restored.restore({}, {**relayed, "path": str(path)})
         assert all(same_state(restored.get(client), spilled.get(client), transient=False) for client in states)
+    assert ray_copies.existing_relay(elsewhere.name)._actor_id != killed._actor_id
     flip_byte(path, 20)
     for copies in (here, elsewhere):
         with pytest.raises(rayfed.ConfigError, match=rf"^{path} is damaged: its bytes no longer match the SHA-256 "
@@ -284,6 +287,7 @@ def test_copies_relayed_from_another_node_are_the_local_copies_and_fail_with_one
         with pytest.raises(SpillFailed, match=rf"^cannot write the checkpoint's copy of worker 1's client states to "
                                               rf"{tmp_path / 'a_file' / 'shard-1-of-2.bin'}: File exists$"):
             spilled.snapshot(str(tmp_path / "a_file"))
+    ray.kill(ray_copies.existing_relay(elsewhere.name))
 
 
 def test_a_plugins_declared_state_spills_and_a_wrong_declaration_is_one_line(tmp_path, monkeypatch):

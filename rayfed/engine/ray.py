@@ -353,7 +353,7 @@ class RayEngine:
         """The run's actors, by the names the PSS report gives them."""
         named = dict(zip(["server"], self._server_actor()))
         named.update({f"worker {index}": handle.actor for index, handle in enumerate(self.workers)})
-        relay = existing_relay(self.relay_name)
+        relay = existing_relay(self.relay_name) if self.spilled else None
         if relay is not None:
             named["copy relay"] = relay
         return named

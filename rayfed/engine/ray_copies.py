@@ -5,9 +5,11 @@ A worker that spills keeps its live shard on its own node (engine.state_dir ther
 checkpoint's copy belongs in the run directory, on the driver's node, and a worker restarted on any
 node must read it back. `RelayedCopies` (the ray engine's StateStorage.copies) is the file system
 of a worker on the driver's node, and elsewhere a `CopyRelay` actor on the driver's node that
-writes and reads the run directory for it, one part (8 MiB) per call, so neither side holds a whole
-shard. The relay is made when a worker away from the driver's node first needs it, by that worker:
-a run on one node never starts one, nor does a run whose workers all stay on the driver's node.
+writes and reads the run directory for it, one part per call (8 MiB, or one client's state if that
+is larger), so neither side holds a whole shard. The relay is made when a worker away from the
+driver's node first needs it, by that worker: a run on one node never starts one, nor does a run
+whose workers all stay on the driver's node. It dies with the worker that made it (its owner), and
+the next worker that needs it makes it again.
 """
 from __future__ import annotations
 
@@ -32,14 +34,16 @@ Failure = tuple[int, str]
 
 
 class CopyRelay(MemoryProbe):
-    """The driver's node's file system, for workers elsewhere (and its process's memory, for the run's PSS)."""
+    """The driver's node's file system, for workers elsewhere (and its process's memory, for the run's
+    PSS). A copy is written as `PATH.part` and renamed to PATH once on the disk, so PATH only ever
+    holds a whole copy."""
 
     def write(self, path: str, offset: int, data: bytes) -> Failure | None:
-        """`data` at `offset` of `path`; offset 0 starts a new file."""
+        """`data` at `offset` of the copy being written to `path`; offset 0 starts it."""
         try:
             if offset == 0:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "wb" if offset == 0 else "r+b") as out:
+            with open(path + ".part", "wb" if offset == 0 else "r+b") as out:
                 out.seek(offset)
                 out.write(data)
         except OSError as error:
@@ -47,11 +51,12 @@ class CopyRelay(MemoryProbe):
         return None
 
     def finish(self, path: str) -> Failure | None:
-        """`path` on the disk (created empty if no part came: a shard with no rows yet)."""
+        """The copy at `path`, on the disk (empty if no part came: a shard with no rows yet)."""
         try:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "ab") as out:
+            with open(path + ".part", "ab") as out:
                 os.fsync(out.fileno())
+            os.replace(path + ".part", path)
             descriptor = os.open(Path(path).parent, os.O_RDONLY)
             try:
                 os.fsync(descriptor)
@@ -104,16 +109,18 @@ class RelayedCopies:
         """The relay's `method` on `path`, its failure as the OSError it was. A relay dies with the worker
         that made it (its owner): the next call makes another, under the same name."""
         for attempt in range(RELAY_ATTEMPTS):
-            if self.handle is None:
-                self.handle = relay(self.node, self.name)
             try:
+                if self.handle is None:
+                    self.handle = relay(self.node, self.name)
                 outcome = ray.get(getattr(self.handle, method).remote(str(path), *arguments))
                 break
-            except ray.exceptions.RayActorError:
-                self.handle = None
+            except (ray.exceptions.RayActorError, ValueError) as error:
+                # A relay that is only unreachable for now keeps its handle: it is what keeps the relay alive.
+                if not isinstance(error, ray.exceptions.ActorUnavailableError):
+                    self.handle = None
                 if attempt == RELAY_ATTEMPTS - 1:
                     raise OSError(errno.EIO, "the copy relay on the driver's node did not answer", str(path)) from None
-                time.sleep(RELAY_PAUSE_S)       # until the cluster has let go of the dead relay's name
+                time.sleep(RELAY_PAUSE_S)       # until the cluster has let go of a dead relay's name
         if isinstance(outcome, tuple):
             raise OSError(outcome[0], outcome[1], str(path))
         return outcome
@@ -129,8 +136,8 @@ def relay(node: str, name: str):
 
 
 def existing_relay(name: str):
-    """The run's relay if a worker has made one; else None."""
+    """The run's relay if a worker has made one; else None (also when the cluster cannot tell now)."""
     try:
         return ray.get_actor(name)
-    except ValueError:
+    except (ValueError, ray.exceptions.RayError):
         return None
