@@ -25,7 +25,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayfed.engine.ray_memory import MemoryProbe
 from rayfed.engine.state_store import LOCAL_COPIES
 
-# Calls to a relay that died (with the worker that made it) before one is made again, and the pause between.
+# Tries of a call whose relay died (with the worker that made it: the next try makes another) or cannot be
+# reached for now, and the pause between them.
 RELAY_ATTEMPTS = 3
 RELAY_PAUSE_S = 1.0
 # OSError's errno and text, as the relay hands a failure back (an exception would reach the worker
