@@ -373,9 +373,11 @@ class RayEngine:
     def shutdown(self) -> None:
         try:
             if self.spilled:
-                # Live shards on other nodes than the driver's, which the driver cannot remove.
-                ray.wait([handle.actor.remove_live_shard.remote() for handle in self.workers],
-                         num_returns=len(self.workers), timeout=LIVE_SHARD_REMOVAL_S)
+                # Live shards on other nodes than the driver's, which the driver cannot remove (it removes its node's).
+                driver_node = ray.get_runtime_context().get_node_id()
+                away = [handle.actor for handle in self.workers if _actor_node(handle.actor) != driver_node]
+                ray.wait([actor.remove_live_shard.remote() for actor in away], num_returns=len(away),
+                         timeout=LIVE_SHARD_REMOVAL_S)
             for actor in self._named_actors().values():
                 ray.kill(actor)
         finally:
@@ -423,8 +425,17 @@ def _worker_placement(placement: str) -> dict:
 def _actor_state(actor) -> tuple[str, int]:
     """The actor's state in the cluster's actor table (ALIVE, RESTARTING, DEAD, ...) and how often
     Ray has restarted it."""
-    entry = ray_state.actors(actor._actor_id.hex()) or {}
+    entry = _actor_entry(actor)
     return entry.get("State", "UNKNOWN"), int(entry.get("NumRestarts", 0))
+
+
+def _actor_node(actor) -> str | None:
+    """The node the actor runs on (or last ran on), as the cluster's actor table has it."""
+    return _actor_entry(actor).get("Address", {}).get("NodeID")
+
+
+def _actor_entry(actor) -> dict:
+    return ray_state.actors(actor._actor_id.hex()) or {}
 
 
 # How rayfed starts a private Ray instance. Its worker processes import rayfed (and so torch) while

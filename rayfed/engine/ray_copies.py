@@ -23,7 +23,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayfed.engine.ray_memory import MemoryProbe
-from rayfed.engine.state_store import LOCAL_COPIES
+from rayfed.engine.state_store import LOCAL_COPIES, fsync_directory
 
 # Tries of a call whose relay died (with the worker that made it: the next try makes another) or cannot be
 # reached for now, and the pause between them.
@@ -58,11 +58,7 @@ class CopyRelay(MemoryProbe):
             with open(path + ".part", "ab") as out:
                 os.fsync(out.fileno())
             os.replace(path + ".part", path)
-            descriptor = os.open(Path(path).parent, os.O_RDONLY)
-            try:
-                os.fsync(descriptor)
-            finally:
-                os.close(descriptor)
+            fsync_directory(str(Path(path).parent))
         except OSError as error:
             return _failure(error)
         return None

@@ -73,7 +73,7 @@ class LocalCopies:
                 out.write(part)
             out.flush()
             os.fsync(out.fileno())
-        _fsync_directory(str(path.parent))
+        fsync_directory(str(path.parent))
 
     def read(self, path: Path, offset: int, size: int) -> bytes:
         with open(path, "rb") as file:
@@ -596,7 +596,7 @@ def _describe(value: Any) -> str:
     return "None" if value is None else type(value).__name__
 
 
-def _fsync_directory(directory: str) -> None:
+def fsync_directory(directory: str) -> None:
     descriptor = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(descriptor)
