@@ -347,9 +347,10 @@ class EngineConfig(_Section):
     server: Literal[SERVER_PROCESSES] = "actor"
     """Ray: where the server runs. `actor`: its own actor, recreated from the last checkpoint when it dies; `driver`:
     in the driver's process, one process and two hops between processes a round fewer (see Performance)."""
-    server_gpus: _Gpus = 0.0
-    """GPUs for the server: the global model, the memory D, its Gram matrix and the server QP then live on the GPU (in
-    the driver, its own GPU, which Ray does not reserve)."""
+    server_gpus: Optional[_Gpus] = None
+    """GPUs reserved for the server: the global model, the memory D, its Gram matrix, the server QP and the evaluation
+    then live on the GPU (in the driver, its own GPU, which Ray does not reserve). Unset: on a GPU when the workers
+    are (`engine.worker_gpus > 0`), sharing its node's GPU with them without reserving any; `0`: on the CPU."""
     address: Optional[_Text] = None
     """A Ray cluster to join; unset, `RAY_ADDRESS` is used, else a private local instance is started."""
     round_timeout_s: Optional[number(gt=0.0, le=MAX_ROUND_TIMEOUT_S)] = None

@@ -199,8 +199,8 @@ def test_gpu_request_on_a_gpu_less_machine_fails_cleanly(in_tmp):
                                capture_output=True, text=True, timeout=300,
                                env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert completed.returncode == 2
-    assert completed.stderr == ("rayfed: error: engine.num_workers=2 x engine.worker_gpus + engine.server_gpus "
-                                "needs 1 GPUs but the Ray cluster has 0\n")
+    assert completed.stderr == ("rayfed: error: engine.num_workers=2 x engine.worker_gpus needs 1 GPUs but the Ray "
+                                "cluster has 0\n")
     assert not (in_tmp / "out").exists()
 
 

@@ -55,10 +55,16 @@ def test_ray_engine_refuses_resources_the_cluster_lacks(tmp_path, ray_cluster):
     """A GPU request on a GPU-less cluster fails at once, rather than waiting forever for placement."""
     config = rayfed.load_config(None, SYNTHETIC_MLP + ["engine.backend=ray", "engine.num_workers=2",
                                                        "engine.worker_gpus=0.25"])
-    with pytest.raises(rayfed.ConfigError, match=r"engine.worker_gpus \+ engine.server_gpus needs 0.5 GPUs but "
+    with pytest.raises(rayfed.ConfigError, match=r"engine.worker_gpus needs 0.5 GPUs but "
                                                  r"the Ray cluster has 0"):
         rayfed.run(config, run_dir=tmp_path / "gpu", progress=False)
     assert not (tmp_path / "gpu").exists()
+    # A server that reserves GPUs counts; unset, it shares the workers' GPU and reserves none.
+    reserving = rayfed.load_config(None, SYNTHETIC_MLP + ["engine.backend=ray", "engine.num_workers=2",
+                                                          "engine.worker_gpus=0.25", "engine.server_gpus=0.5"])
+    with pytest.raises(rayfed.ConfigError, match=r"engine.worker_gpus \+ engine.server_gpus needs 1 GPUs but "
+                                                 r"the Ray cluster has 0"):
+        rayfed.run(reserving, run_dir=tmp_path / "gpu", progress=False)
 
 
 def test_ray_engine_refuses_workers_that_fit_the_clusters_cpus_but_none_of_its_nodes(monkeypatch):

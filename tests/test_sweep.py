@@ -85,6 +85,9 @@ def test_trials_reserve_what_their_engine_uses():
     driver = load_config(None, ["engine.num_workers=3", "engine.worker_gpus=0.25", "engine.server_gpus=0.5",
                                 "engine.server=driver"])
     assert trial_bundles(driver) == [{"CPU": 0.01, "GPU": 0.5}, *[{"CPU": 1.0, "GPU": 0.25}] * 3]
+    # Unset, the server shares the workers' GPU and reserves none.
+    sharing = load_config(None, ["engine.num_workers=3", "engine.worker_gpus=0.25"])
+    assert trial_bundles(sharing) == [{"CPU": 0.01}, {"CPU": 0.01}, *[{"CPU": 1.0, "GPU": 0.25}] * 3]
     spread = load_config(None, ["engine.num_workers=3", "engine.placement=spread"])
     assert trial_resources(spread).strategy == "SPREAD" and trial_resources(spread).bundles == trial_bundles(spread)
 

@@ -15,23 +15,24 @@ import torch.nn.functional as F
 from rayfed.config import Config
 from rayfed.data import Dataset, Partition
 from rayfed.engine.client_data import client_data, worker_data
+from rayfed.engine.worker import device_for
 from rayfed.models import build_model
-from rayfed.seeding import Purpose, derive_seed, numpy_rng, torch_generator
+from rayfed.seeding import Purpose, derive_seed, numpy_rng, seed_global_torch, torch_generator
 
 
 class PlainFedAvg:
     def __init__(self, config: Config, dataset: Dataset, partition: Partition):
         torch.set_num_threads(max(1, int(config.engine.worker_cpus)))
         self.config = config
+        # Where rayfed's workers train (engine.worker_gpus), so that a GPU run is timed against a GPU loop.
+        self.device = device_for(config.engine.worker_gpus)
         # Each client's rows of the shared arrays, or made when it trains (an on-demand dataset), as
         # rayfed's workers do.
-        self.clients = client_data(*worker_data(dataset, partition), torch.device("cpu"))
+        self.clients = client_data(*worker_data(dataset, partition), self.device)
         self.sizes = partition.sizes
-        self.test_x = torch.from_numpy(dataset.test_x)
-        self.test_y = torch.from_numpy(dataset.test_y)
         torch.manual_seed(derive_seed(config.seed, Purpose.MODEL_INIT))
         self.model = build_model(config.model.name, dataset.input_shape, dataset.num_classes,
-                                 config.model.hidden_sizes)
+                                 config.model.hidden_sizes).to(self.device)
         self.global_params = [p.detach().clone() for p in self.model.parameters()]
         # BatchNorm running statistics: averaged weighted by sample counts, as rayfed does.
         self.global_buffers = [b.clone() for b in self.model.buffers() if b.is_floating_point()]
@@ -66,8 +67,7 @@ class PlainFedAvg:
                                     [*self.global_params, *self.global_buffers]):
                 local.copy_(start)
         if self.has_dropout:
-            # The CPU generator alone: torch.manual_seed also queues seeding of every accelerator backend.
-            torch.default_generator.manual_seed(derive_seed(self.config.seed, Purpose.DROPOUT, round, client_id))
+            seed_global_torch(derive_seed(self.config.seed, Purpose.DROPOUT, round, client_id), self.device)
         train_x, train_y, samples = self.clients.materialise([client_id])[0]
         generator = torch_generator(self.config.seed, Purpose.BATCHES, round, client_id)
         batch_size = min(self.config.train.batch_size, len(samples))
@@ -76,7 +76,7 @@ class PlainFedAvg:
             remaining = len(samples) - position
             if remaining == 0 or (remaining == 1 and len(samples) > 1):
                 order, position = torch.randperm(len(samples), generator=generator), 0
-            rows = samples[order[position:position + batch_size]]
+            rows = samples[order[position:position + batch_size].to(self.device)]
             position += len(rows)
             self.model.zero_grad()
             F.cross_entropy(self.model(train_x[rows]), train_y[rows]).backward()
@@ -88,4 +88,4 @@ class PlainFedAvg:
         return [b for b in self.model.buffers() if b.is_floating_point()]
 
     def params(self) -> torch.Tensor:
-        return torch.cat([p.reshape(-1) for p in self.global_params])
+        return torch.cat([p.reshape(-1) for p in self.global_params]).cpu()

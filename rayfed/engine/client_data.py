@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from rayfed.data.lazy import ClientSource, is_lazy
+from rayfed.engine.gpu_share import export_handles, open_handles
 
 # One client's data for one round: inputs and labels it indexes, and its rows in them.
 ClientRows = tuple[Tensor, Tensor, Tensor]
@@ -31,16 +32,29 @@ def worker_data(dataset, partition) -> tuple:
 
 
 class SharedArrays:
-    """An eager dataset: every client is rows of the same arrays, which stay resident."""
+    """An eager dataset: every client is rows of the same arrays, which stay resident. On a GPU they are moved
+    there when a client first trains, unless the worker maps another worker's copy before (rayfed.engine.gpu_share)."""
 
     def __init__(self, train_data: tuple[np.ndarray, np.ndarray], partition, device: torch.device):
-        self.train_x = as_tensor(train_data[0], device)
-        self.train_y = as_tensor(train_data[1], device)
+        self.host = train_data
         self.partition = partition
         self.device = device
+        self.arrays: tuple[Tensor, Tensor] | None = None
+
+    def resident(self) -> tuple[Tensor, Tensor]:
+        if self.arrays is None:
+            self.arrays = (as_tensor(self.host[0], self.device), as_tensor(self.host[1], self.device))
+        return self.arrays
+
+    def export(self) -> list[tuple]:
+        return export_handles(self.resident())
+
+    def map(self, handles: list[tuple]) -> None:
+        self.arrays = open_handles(handles)
 
     def materialise(self, client_ids: list[int]) -> list[ClientRows]:
-        return [(self.train_x, self.train_y, as_tensor(self.partition.client(client_id), self.device))
+        train_x, train_y = self.resident()
+        return [(train_x, train_y, as_tensor(self.partition.client(client_id), self.device))
                 for client_id in client_ids]
 
 
@@ -51,6 +65,10 @@ class OnDemand:
     def __init__(self, source: ClientSource, device: torch.device):
         self.source = source
         self.device = device
+
+    def export(self) -> None:
+        """Nothing stays resident to share."""
+        return None
 
     def materialise(self, client_ids: list[int]) -> list[ClientRows]:
         """The clients' samples in one pair of arrays (a batched round indexes them together)."""

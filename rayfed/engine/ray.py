@@ -31,6 +31,7 @@ from rayfed.config import Config
 from rayfed.data import Dataset, Partition
 from rayfed.data.lazy import is_lazy
 from rayfed.engine.client_data import worker_data
+from rayfed.engine.gpu_share import sharing_groups
 from rayfed.engine.lost import ServerLost, WorkerLost
 from rayfed.engine.messages import Broadcast
 from rayfed.engine.ray_copies import RelayedCopies, existing_relay
@@ -228,8 +229,9 @@ class RayEngine:
             # The server works while the workers wait for the next round, so it reserves no CPU:
             # otherwise P one-CPU workers could not all be placed on a P-core machine. Ray does not
             # restart it: the engine recreates it from the last checkpoint (recreate_server).
-            server_actor = ray.remote(RayServer).options(num_cpus=0, num_gpus=engine.server_gpus, max_restarts=0,
-                                                         **_server_placement(engine.server_gpus))
+            reserved_gpus = engine.server_gpus or 0.0
+            server_actor = ray.remote(RayServer).options(num_cpus=0, num_gpus=reserved_gpus, max_restarts=0,
+                                                         **_server_placement(reserved_gpus))
             # References, not values: Ray would store a copy of the values for each server it creates,
             # and the driver would keep its own for the engine's lifetime.
             server_arguments = (plugins, config, test_ref, dataset.input_shape, dataset.num_classes, client_systems,
@@ -259,6 +261,16 @@ class RayEngine:
         # constructors) before the first round rather than inside it.
         ray.get([*(actor.__ray_ready__.remote() for actor in self._server_actor()),
                  *(handle.actor.attach.remote([train_ref, partition_ref]) for handle in self.workers)])
+        if engine.worker_gpus:
+            self._share_training_arrays()
+
+    def _share_training_arrays(self) -> None:
+        """Workers on the same GPU train on one copy of the training arrays (rayfed.engine.gpu_share)."""
+        identities = ray.get([handle.actor.call.remote("gpu_identity") for handle in self.workers])
+        for first, *others in sharing_groups(identities):
+            handles = ray.get(self.workers[first].actor.call.remote("export_training_arrays"))
+            if handles is not None:
+                ray.get([self.workers[index].actor.call.remote("map_training_arrays", handles) for index in others])
 
     def _server_actor(self) -> list:
         """[the server's actor], or [] where the server runs in the driver."""
@@ -408,8 +420,8 @@ def _in_placement_group() -> bool:
 
 def _server_placement(server_gpus: float) -> dict:
     """The server on the driver's node, whose loss ends the run anyway: a worker node that dies never takes the
-    server with it. Pinned (Ray's soft affinity often places it elsewhere); a server with GPUs goes wherever Ray
-    finds them, since the driver's node may have none."""
+    server with it. Pinned (Ray's soft affinity often places it elsewhere); a server that reserves GPUs goes wherever
+    Ray finds them, since the driver's node may have none."""
     if server_gpus or _in_placement_group():
         return {}
     node = ray.get_runtime_context().get_node_id()
@@ -499,7 +511,9 @@ def _check_resources(config: Config) -> None:
     engine = config.engine
     available = ray.cluster_resources()
     # A server in the driver computes on the driver's GPU, as the local engine does: Ray places only actors.
-    server_gpus, server_key = (engine.server_gpus, " + engine.server_gpus") if engine.server == "actor" else (0.0, "")
+    # Unset, the server shares a GPU without reserving one.
+    server_gpus = (engine.server_gpus or 0.0) if engine.server == "actor" else 0.0
+    server_key = " + engine.server_gpus" if server_gpus else ""
     needs = {"CPU": (engine.num_workers * engine.worker_cpus, f"engine.num_workers={engine.num_workers} x "
                                                                  f"engine.worker_cpus"),
              "GPU": (engine.num_workers * engine.worker_gpus + server_gpus,

@@ -30,7 +30,7 @@ from rayfed.engine.messages import Broadcast, WorkerResult, WorkerSums
 from rayfed.engine.process_memory import peak_rss
 from rayfed.engine.client_data import as_tensor
 from rayfed.engine.state_store import tensors_to
-from rayfed.engine.worker import device_for, threads_per_process
+from rayfed.engine.worker import device_for, server_share, threads_per_process
 from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, derive_seed
 from rayfed.selection.sampler import ClientSampler
@@ -45,7 +45,7 @@ class Server:
                  clients_train_data: tuple[np.ndarray, np.ndarray] | None = None):
         torch.set_num_threads(threads_per_process(config))
         # On a GPU the memory algorithms' D, its Gram matrix and the QPs run there too.
-        self.device = device_for(config.engine.server_gpus)
+        self.device = device_for(server_share(config.engine))
         torch.manual_seed(derive_seed(config.seed, Purpose.MODEL_INIT))
         self.model = FlatModel(build_model(config.model.name, input_shape, num_classes,
                                            config.model.hidden_sizes), self.device)
@@ -104,7 +104,9 @@ class Server:
         not reply). `lost`: clients trained this round whose results never came (their worker was
         late or died)."""
         step_started_at, started = time.time(), time.perf_counter()
-        trained = [self.codec.decode(r) for packed in worker_results for r in packed.to(self.device).unpack()]
+        # On this server's device: the uploads, or the partial sums that stand for them (engine.partial_sums).
+        worker_results = [packed.to(self.device) for packed in worker_results]
+        trained = [self.codec.decode(r) for packed in worker_results for r in packed.unpack()]
         unpack_s = time.perf_counter() - started
         down_bytes = self.aggregation.broadcast().nbytes
         counted, order, extra = self.clock.settle(round, plan, trained, lost)

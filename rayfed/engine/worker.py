@@ -22,6 +22,7 @@ from rayfed.engine.client_data import ClientRows, client_data
 from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult, WorkerSums, WorkerTiming
 from rayfed.engine.process_memory import peak_rss
 from rayfed.engine.state_store import IN_MEMORY, StateStorage, open_store
+from rayfed.engine.gpu_share import gpu_identity
 from rayfed.engine.vectorized import FULL_GRADIENT_CHUNK, ClientBatchTask
 from rayfed.models import FlatModel, build_model
 from rayfed.models.forward import ModelForward
@@ -39,6 +40,12 @@ def device_for(gpus: float) -> torch.device:
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
     return torch.device("cuda")
+
+
+def server_share(engine) -> float:
+    """The GPU share the server computes with (engine.server_gpus): unset, the workers' own, so that where they train
+    on GPUs the server and its evaluation do too, on a GPU of the node it runs on."""
+    return engine.worker_gpus if engine.server_gpus is None else engine.server_gpus
 
 
 class ClientTask:
@@ -322,6 +329,17 @@ class ClientWorker:
 
     def client_state_bytes(self) -> int:
         return self.client_states.nbytes()
+
+    def gpu_identity(self) -> str | None:
+        return gpu_identity(self.device)
+
+    def export_training_arrays(self) -> list[tuple] | None:
+        """The CUDA IPC handles of this worker's copy of the training arrays (None for on-demand data)."""
+        return self.clients.export()
+
+    def map_training_arrays(self, handles: list[tuple]) -> None:
+        """Trains on another worker's copy on this GPU instead of moving one of its own."""
+        self.clients.map(handles)
 
 
 def client_owner(client_id: int, num_workers: int) -> int:

@@ -41,11 +41,13 @@ def trial_bundles(config: Config) -> list[dict[str, float]]:
     def bundle(cpus: float, gpus: float) -> dict[str, float]:
         return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
 
+    # Unset, the server shares the workers' GPUs and reserves none.
+    server_gpus = engine.server_gpus or 0.0
     if engine.backend == "local":
-        return [bundle(engine.worker_cpus, max(engine.worker_gpus, engine.server_gpus))]
+        return [bundle(engine.worker_cpus, max(engine.worker_gpus, server_gpus))]
     # A server in the driver computes in the trial's own process, which takes the first bundle.
-    servers = ([bundle(DRIVER_CPUS, 0.0), bundle(DRIVER_CPUS, engine.server_gpus)] if engine.server == "actor"
-               else [bundle(DRIVER_CPUS, engine.server_gpus)])
+    servers = ([bundle(DRIVER_CPUS, 0.0), bundle(DRIVER_CPUS, server_gpus)] if engine.server == "actor"
+               else [bundle(DRIVER_CPUS, server_gpus)])
     return [*servers, *[bundle(engine.worker_cpus, engine.worker_gpus)] * engine.num_workers]
 
 
