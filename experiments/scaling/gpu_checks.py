@@ -5,8 +5,16 @@ $OUT/checks.json.
 
     python experiments/scaling/gpu_checks.py
 """
-import json, os, subprocess, tempfile, threading, time
-import torch, ray
+import json
+import os
+import subprocess
+import tempfile
+import threading
+import time
+
+import ray
+import torch
+
 import rayfed
 from rayfed.config import load_config
 
@@ -87,13 +95,12 @@ class Probe:
     def export(self, n):
         from torch.multiprocessing.reductions import reduce_tensor
         self.kept = torch.arange(n, dtype=torch.float32, device="cuda")
-        rebuild, args = reduce_tensor(self.kept)
-        return args, float(self.kept.sum())
+        return reduce_tensor(self.kept)[1], float(self.kept.sum())
 
     def import_(self, args):
         from torch.multiprocessing.reductions import rebuild_cuda_tensor
         self.imported = rebuild_cuda_tensor(*args)
-        return float(self.imported.sum()), self.imported.data_ptr()
+        return float(self.imported.sum())
 
     def reread(self):
         torch.cuda.synchronize()
@@ -116,7 +123,7 @@ try:
     if gpus_on_node:
         n = 50_000_000
         args, total = ray.get(half_a.export.remote(n))
-        got, ptr = ray.get(half_b.import_.remote(args))
+        got = ray.get(half_b.import_.remote(args))
         results["ipc"] = {"exported_sum": total, "imported_sum": got}
         ray.kill(half_a)
         time.sleep(2)
@@ -171,5 +178,6 @@ compare("vectorised: ray 2 workers (0.5) vs local", vec,
         run("vec ray 2w", ["engine.num_workers=2", "engine.worker_gpus=0.5"], TINY))
 
 ray.shutdown()
-json.dump(results, open(os.path.join(OUT, "checks.json"), "w"), indent=1, default=str)
+with open(os.path.join(OUT, "checks.json"), "w") as out:
+    json.dump(results, out, indent=1, default=str)
 print("checks done", flush=True)

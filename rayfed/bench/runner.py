@@ -91,7 +91,10 @@ def bench(workloads: list[str], engines: list[str], rounds: int, repeats: int, o
     """Measures every workload with the plain loop and each engine; returns the JSON report."""
     results = {"machine": {"platform": platform.platform(), "cpus": multiprocessing.cpu_count(),
                            "torch": torch.__version__, "cuda": torch.cuda.is_available()},
-               "rounds": rounds, "repeats": repeats, "warm_up_rounds": WARM_UP_ROUNDS, "workloads": {}}
+               "rounds": rounds, "repeats": repeats, "warm_up_rounds": WARM_UP_ROUNDS,
+               # The workloads' descriptions are their defaults; these change them.
+               "overrides": list(overrides), "engines": {engine: ENGINES[engine] for engine in engines},
+               "workloads": {}}
     for workload in workloads:
         workload_config(workload, rounds, overrides)      # bad names or overrides fail before any work
         runs = {"plain": []} | {engine: [] for engine in engines}

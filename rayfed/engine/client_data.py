@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from rayfed.data.lazy import ClientSource, is_lazy
-from rayfed.engine.gpu_share import export_handles, open_handles
+from rayfed.engine.gpu_share import export_handles, map_handles
 
 # One client's data for one round: inputs and labels it indexes, and its rows in them.
 ClientRows = tuple[Tensor, Tensor, Tensor]
@@ -50,7 +50,7 @@ class SharedArrays:
         return export_handles(self.resident())
 
     def map(self, handles: list[tuple]) -> None:
-        self.arrays = open_handles(handles)
+        self.arrays = map_handles(handles)
 
     def materialise(self, client_ids: list[int]) -> list[ClientRows]:
         train_x, train_y = self.resident()

@@ -1,7 +1,8 @@
 """One copy of the training arrays per GPU. Workers that share a GPU (a fractional engine.worker_gpus) would each
-move the whole training set there; instead the first worker on each GPU exports its copy's CUDA IPC handles and the
-others map them. CUDA keeps memory that a process maps alive after the process that allocated it ends, so a worker
-that dies takes no other worker's data with it; one that Ray restarts moves a copy of its own."""
+move the whole training set there; instead the first worker on each GPU exports its copy's CUDA IPC handles, once
+for each other worker (torch counts one receiver per export), and the others map them. A worker that Ray restarts
+moves a copy of its own. That a mapping outlives the process that exported it (so a dying worker takes no other
+worker's data with it) was measured, not read in CUDA's documentation: experiments/scaling/gpu_checks.py's probe."""
 from __future__ import annotations
 
 import torch
@@ -27,9 +28,9 @@ def sharing_groups(identities: list[str | None]) -> list[list[int]]:
 
 
 def export_handles(tensors: tuple[Tensor, ...]) -> list[tuple]:
-    """What another process on the same GPU opens as these tensors; the caller keeps them alive."""
+    """What one other process on the same GPU maps as these tensors; the caller keeps them alive."""
     return [reduce_tensor(tensor)[1] for tensor in tensors]
 
 
-def open_handles(handles: list[tuple]) -> tuple[Tensor, ...]:
+def map_handles(handles: list[tuple]) -> tuple[Tensor, ...]:
     return tuple(rebuild_cuda_tensor(*arguments) for arguments in handles)

@@ -16,6 +16,7 @@ import math
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -268,9 +269,16 @@ class RayEngine:
         """Workers on the same GPU train on one copy of the training arrays (rayfed.engine.gpu_share)."""
         identities = ray.get([handle.actor.call.remote("gpu_identity") for handle in self.workers])
         for first, *others in sharing_groups(identities):
-            handles = ray.get(self.workers[first].actor.call.remote("export_training_arrays"))
-            if handles is not None:
-                ray.get([self.workers[index].actor.call.remote("map_training_arrays", handles) for index in others])
+            exporter = self.workers[first].actor
+            for index in others:
+                handles = ray.get(exporter.call.remote("export_training_arrays"))
+                if handles is None:
+                    return
+                problem = ray.get(self.workers[index].actor.call.remote("map_training_arrays", handles))
+                if problem is not None:
+                    print(f"rayfed: engine.worker_gpus: workers on one GPU cannot share the training set "
+                          f"({problem}); each moves its own copy there", file=sys.stderr)
+                    return
 
     def _server_actor(self) -> list:
         """[the server's actor], or [] where the server runs in the driver."""

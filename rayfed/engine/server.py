@@ -30,13 +30,19 @@ from rayfed.engine.messages import Broadcast, WorkerResult, WorkerSums
 from rayfed.engine.process_memory import peak_rss
 from rayfed.engine.client_data import as_tensor
 from rayfed.engine.state_store import tensors_to
-from rayfed.engine.worker import device_for, server_share, threads_per_process
+from rayfed.engine.worker import device_for, threads_per_process
 from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, derive_seed
 from rayfed.selection.sampler import ClientSampler
 from rayfed.systems.clients import ClientSystems
 from rayfed.systems.clock import SystemsClock
 from rayfed.systems.policy import RoundPlan
+
+
+def server_share(engine) -> float:
+    """The GPU share the server computes with (engine.server_gpus): unset, the workers' own, so that where they train
+    on GPUs the server and its evaluation do too, on a GPU of the node it runs on."""
+    return engine.worker_gpus if engine.server_gpus is None else engine.server_gpus
 
 
 class Server:

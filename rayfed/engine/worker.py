@@ -19,11 +19,12 @@ from rayfed.data.augment import random_crop_flip
 from rayfed.data.lazy import ClientSource
 from rayfed.data.partition import Partition
 from rayfed.engine.client_data import ClientRows, client_data
+from rayfed.engine.gpu_share import gpu_identity
 from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult, WorkerSums, WorkerTiming
 from rayfed.engine.process_memory import peak_rss
 from rayfed.engine.state_store import IN_MEMORY, StateStorage, open_store
-from rayfed.engine.gpu_share import gpu_identity
 from rayfed.engine.vectorized import FULL_GRADIENT_CHUNK, ClientBatchTask
+from rayfed.errors import first_line
 from rayfed.models import FlatModel, build_model
 from rayfed.models.forward import ModelForward
 from rayfed.seeding import Purpose, derive_seed, seed_global_torch, torch_generator
@@ -40,12 +41,6 @@ def device_for(gpus: float) -> torch.device:
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
     return torch.device("cuda")
-
-
-def server_share(engine) -> float:
-    """The GPU share the server computes with (engine.server_gpus): unset, the workers' own, so that where they train
-    on GPUs the server and its evaluation do too, on a GPU of the node it runs on."""
-    return engine.worker_gpus if engine.server_gpus is None else engine.server_gpus
 
 
 class ClientTask:
@@ -334,12 +329,18 @@ class ClientWorker:
         return gpu_identity(self.device)
 
     def export_training_arrays(self) -> list[tuple] | None:
-        """The CUDA IPC handles of this worker's copy of the training arrays (None for on-demand data)."""
+        """CUDA IPC handles of this worker's copy of the training arrays for one other worker (None for on-demand
+        data)."""
         return self.clients.export()
 
-    def map_training_arrays(self, handles: list[tuple]) -> None:
-        """Trains on another worker's copy on this GPU instead of moving one of its own."""
-        self.clients.map(handles)
+    def map_training_arrays(self, handles: list[tuple]) -> str | None:
+        """Trains on another worker's copy on this GPU instead of moving one of its own. Where CUDA IPC fails (some
+        virtualised GPUs), keeps its own and says why."""
+        try:
+            self.clients.map(handles)
+        except RuntimeError as error:
+            return first_line(error)
+        return None
 
 
 def client_owner(client_id: int, num_workers: int) -> int:
