@@ -8,7 +8,7 @@ import pytest
 from rayfed.errors import ConfigError
 from rayfed.systems import AlwaysOnline, BernoulliOnline, MarkovOnline, TraceOnline, make_availability
 from rayfed.systems.availability import Stream
-from rayfed.systems.counter_random import _open_unit_interval, uniform
+from rayfed.systems.counter_random import ClientUniforms, _open_unit_interval, uniform
 
 EXAMPLE_TRACE = pathlib.Path(__file__).parents[1] / "experiments" / "systems" / "example_trace.csv"
 EXAMPLE_CLIENTS = 20
@@ -65,6 +65,15 @@ def test_uniform_broadcasts_clients_against_counters():
     assert grid.shape == (5, 4)
     assert grid[3, 2] == uniform(1, 2, 3, 2)
     np.testing.assert_array_equal(grid[:, 1], uniform(1, 2, np.arange(5), 1))
+
+
+@pytest.mark.parametrize("seed, stream", [(0, 0), (7, 3), (2**63 + 5, 2**40)])
+def test_client_uniforms_are_uniform_one_counter_at_a_time(seed, stream):
+    """Bernoulli availability draws every client each round through ClientUniforms: the same floats."""
+    clients = np.array([0, 1, 17, 999_999, 2**40], dtype=np.uint64)
+    uniforms = ClientUniforms(seed, stream, clients)
+    for counter in (0, 1, 5, 1000, 2**40):
+        np.testing.assert_array_equal(uniforms.at(counter), uniform(seed, stream, clients, counter))
 
 
 @pytest.mark.parametrize("clients, counters", [

@@ -12,7 +12,7 @@ from typing import Protocol
 import numpy as np
 
 from rayfed.errors import ConfigError
-from rayfed.systems.counter_random import uniform
+from rayfed.systems.counter_random import ClientUniforms, uniform
 from rayfed.systems.csv_rows import parse_client_id, parse_number, read_rows
 
 AVAILABILITIES = ("always", "bernoulli", "markov", "trace")
@@ -77,8 +77,7 @@ class BernoulliOnline:
     """
 
     def __init__(self, num_clients: int, seed: int, probability: float, concentration: float):
-        self.seed = seed
-        self.client_ids = np.arange(num_clients, dtype=np.uint64)
+        self.uniforms = ClientUniforms(seed, Stream.BERNOULLI_ONLINE, np.arange(num_clients, dtype=np.uint64))
         if probability == 1:
             # Beta(c, 0) is undefined; its limit is a point mass at 1.
             self.online_probabilities = np.ones(num_clients)
@@ -88,7 +87,7 @@ class BernoulliOnline:
                                                  size=num_clients)
 
     def online(self, round: int, time_s: float) -> np.ndarray:
-        return uniform(self.seed, Stream.BERNOULLI_ONLINE, self.client_ids, round) < self.online_probabilities
+        return self.uniforms.at(round) < self.online_probabilities
 
 
 class MarkovOnline:
