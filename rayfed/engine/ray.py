@@ -466,10 +466,11 @@ def _actor_entry(actor) -> dict:
 PRIVATE_RAY_CONFIG = {"preload_python_modules": ["rayfed.engine.ray"], "max_direct_call_object_size": 2**20}
 
 
-def connect_ray(address: str | None, cpus_needed: float, timeout_s: float) -> bool:
+def connect_ray(address: str | None, cpus_needed: float, timeout_s: float, whole_machine: bool = False) -> bool:
     """Joins the cluster at `address` (or RAY_ADDRESS, as under `ray job submit`), reuses a Ray
     already initialised in this process, or starts a private local instance. Returns whether
-    this call started Ray (and so must stop it)."""
+    this call started Ray (and so must stop it). A private instance has `cpus_needed` CPUs, or with
+    `whole_machine` (a sweep's trials, side by side) at least the machine's."""
     if ray.is_initialized():
         return False
     quiet = dict(logging_level=logging.ERROR, log_to_driver=False)
@@ -485,8 +486,9 @@ def connect_ray(address: str | None, cpus_needed: float, timeout_s: float) -> bo
             except (ConnectionError, ValueError, RuntimeError) as error:
                 raise ConfigError(f"{key}={address}: cannot join the Ray cluster ({first_line(error)})") from None
             return True
-        # A private instance sized so that all workers fit even when they oversubscribe the cores.
-        num_cpus = max(os.cpu_count() or 1, int(cpus_needed + 0.999))
+        # All workers fit even when they oversubscribe the cores. No more: Ray starts one worker process per CPU
+        # ahead, each importing rayfed and PyTorch, and a run's unused ones held 2.7-4.7 GB on a 16-core machine.
+        num_cpus = max((os.cpu_count() or 1) if whole_machine else 1, int(cpus_needed + 0.999))
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _system_config=PRIVATE_RAY_CONFIG,
                  **quiet)
         return True
