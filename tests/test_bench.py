@@ -1,5 +1,7 @@
 """The bench's plumbing: the plain loop trains exactly rayfed's model (so timing one against the
 other compares like with like), and `rayfed bench` reports, or rejects bad input up front."""
+import contextlib
+import io
 import json
 
 import pytest
@@ -8,7 +10,7 @@ import torch
 import rayfed
 from rayfed.api import load_data
 from rayfed.bench.plain_loop import PlainFedAvg
-from rayfed.bench.runner import bench, format_table
+from rayfed.bench.runner import format_table
 from rayfed.bench.workloads import workload_config
 from rayfed.cli import main
 
@@ -40,8 +42,22 @@ def test_plain_loop_trains_bitwise_the_model_rayfed_trains(tmp_path, ray_cluster
     assert (buffers.numel() > 0) == (workload == "lenet")
 
 
-def test_bench_reports_ratios_phases_and_memory(tmp_path):
-    results = bench(["tiny"], ["local"], rounds=6, repeats=1, overrides=SMALL, report=lambda table: None)
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    """One `rayfed bench` of the tiny workload on the local engine, for the tests of its report and of
+    the command: its table as printed, and the JSON it wrote (bench()'s report). Each bench measures in
+    two fresh processes that import rayfed and PyTorch."""
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["bench", "tiny", *SMALL, "--engines", "local", "--rounds", "6", "--json", str(out)]) == 0
+    return printed.getvalue(), json.loads(out.read_text())
+
+
+@pytest.mark.xdist_group("bench_run")
+def test_bench_reports_ratios_phases_and_memory(bench_run):
+    _, results = bench_run
+    assert results["rounds"] == 6 and results["repeats"] == 1
     rows = results["workloads"]["tiny"]
     assert set(rows) >= {"plain", "local", "description"}
     local = rows["local"]
@@ -83,12 +99,12 @@ def test_bad_bench_arguments_fail_with_one_line_before_any_work(tmp_path, capsys
     assert len(error) == 1 and message in error[0]
 
 
-def test_bench_writes_its_table_as_json(tmp_path, capsys):
-    out = tmp_path / "bench.json"
-    assert main(["bench", "tiny", *SMALL, "--engines", "local", "--rounds", "5", "--json", str(out)]) == 0
-    header, = [line for line in capsys.readouterr().out.splitlines() if "vs plain" in line]
+@pytest.mark.xdist_group("bench_run")
+def test_bench_writes_its_table_as_json(bench_run):
+    printed, results = bench_run
+    header, = [line for line in printed.splitlines() if "vs plain" in line]
     assert "RSS MiB  PSS MiB" in header
-    local = json.loads(out.read_text())["workloads"]["tiny"]["local"]
+    local = results["workloads"]["tiny"]["local"]
     assert local["rounds_per_s"] > 0 and local["peak_pss_bytes"] > 0
 
 

@@ -69,8 +69,12 @@ def test_resume_after_interruption_is_bitwise_the_uninterrupted_run(tmp_path, mo
 
 @pytest.mark.slow
 def test_resume_on_the_ray_engine_restores_client_states_to_their_workers(tmp_path, monkeypatch, ray_cluster):
-    overrides = SYNTHETIC_MLP + ROUNDS + ["engine.backend=ray", "engine.num_workers=2", "algorithm.name=mifa"]
-    whole = rayfed.run(rayfed.load_config(None, overrides), run_dir=tmp_path / "whole", progress=False)
+    """Held to the local engine's uninterrupted run, which has the ray engine's bits (test_engine_equivalence):
+    an uninterrupted ray run would start three more actor processes."""
+    overrides = SYNTHETIC_MLP + ROUNDS + ["algorithm.name=mifa"]
+    whole = rayfed.run(rayfed.load_config(None, overrides + ["engine.backend=local"]), run_dir=tmp_path / "whole",
+                       progress=False)
+    overrides += ["engine.backend=ray", "engine.num_workers=2"]
     resumed = rayfed.resume(interrupted(tmp_path, overrides, monkeypatch), progress=False)
     assert_same_run(whole, resumed)
     assert resumed.summary["client_state_bytes"] == whole.summary["client_state_bytes"] > 0
