@@ -66,10 +66,6 @@ class OnDemand:
         self.source = source
         self.device = device
 
-    def export(self) -> None:
-        """Nothing stays resident to share."""
-        return None
-
     def materialise(self, client_ids: list[int]) -> list[ClientRows]:
         """The clients' samples in one pair of arrays (a batched round indexes them together)."""
         made = [self.source.client(client_id) for client_id in client_ids]

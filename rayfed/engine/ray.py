@@ -37,7 +37,7 @@ from rayfed.engine.lost import ServerLost, WorkerLost
 from rayfed.engine.messages import Broadcast
 from rayfed.engine.ray_copies import RelayedCopies, existing_relay
 from rayfed.engine.ray_memory import MemoryProbe, run_pss
-from rayfed.engine.server import Server, clients_train_data
+from rayfed.engine.server import Server, clients_train_data, server_reserved_gpus
 from rayfed.engine.state_store import SpillFailed, StateStorage
 from rayfed.engine.worker import ClientWorker
 from rayfed.errors import ConfigError, first_line
@@ -230,7 +230,7 @@ class RayEngine:
             # The server works while the workers wait for the next round, so it reserves no CPU:
             # otherwise P one-CPU workers could not all be placed on a P-core machine. Ray does not
             # restart it: the engine recreates it from the last checkpoint (recreate_server).
-            reserved_gpus = engine.server_gpus or 0.0
+            reserved_gpus = server_reserved_gpus(engine)
             server_actor = ray.remote(RayServer).options(num_cpus=0, num_gpus=reserved_gpus, max_restarts=0,
                                                          **_server_placement(reserved_gpus))
             # References, not values: Ray would store a copy of the values for each server it creates,
@@ -262,18 +262,17 @@ class RayEngine:
         # constructors) before the first round rather than inside it.
         ray.get([*(actor.__ray_ready__.remote() for actor in self._server_actor()),
                  *(handle.actor.attach.remote([train_ref, partition_ref]) for handle in self.workers)])
-        if engine.worker_gpus:
+        if engine.worker_gpus and not is_lazy(dataset):
             self._share_training_arrays()
 
     def _share_training_arrays(self) -> None:
-        """Workers on the same GPU train on one copy of the training arrays (rayfed.engine.gpu_share)."""
+        """Workers on the same GPU train on one copy of the training arrays (rayfed.engine.gpu_share); an on-demand
+        dataset keeps none resident."""
         identities = ray.get([handle.actor.call.remote("gpu_identity") for handle in self.workers])
         for first, *others in sharing_groups(identities):
             exporter = self.workers[first].actor
             for index in others:
                 handles = ray.get(exporter.call.remote("export_training_arrays"))
-                if handles is None:
-                    return
                 problem = ray.get(self.workers[index].actor.call.remote("map_training_arrays", handles))
                 if problem is not None:
                     print(f"rayfed: engine.worker_gpus: workers on one GPU cannot share the training set "
@@ -521,8 +520,7 @@ def _check_resources(config: Config) -> None:
     engine = config.engine
     available = ray.cluster_resources()
     # A server in the driver computes on the driver's GPU, as the local engine does: Ray places only actors.
-    # Unset, the server shares a GPU without reserving one.
-    server_gpus = (engine.server_gpus or 0.0) if engine.server == "actor" else 0.0
+    server_gpus = server_reserved_gpus(engine) if engine.server == "actor" else 0.0
     server_key = " + engine.server_gpus" if server_gpus else ""
     needs = {"CPU": (engine.num_workers * engine.worker_cpus, f"engine.num_workers={engine.num_workers} x "
                                                                  f"engine.worker_cpus"),

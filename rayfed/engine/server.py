@@ -45,6 +45,11 @@ def server_share(engine) -> float:
     return engine.worker_gpus if engine.server_gpus is None else engine.server_gpus
 
 
+def server_reserved_gpus(engine) -> float:
+    """The GPUs Ray reserves for the server: none when engine.server_gpus is unset, since it then shares."""
+    return engine.server_gpus or 0.0
+
+
 class Server:
     def __init__(self, config: Config, test_data: tuple[np.ndarray, np.ndarray],
                  input_shape: tuple[int, ...], num_classes: int, client_systems: ClientSystems,

@@ -328,9 +328,8 @@ class ClientWorker:
     def gpu_identity(self) -> str | None:
         return gpu_identity(self.device)
 
-    def export_training_arrays(self) -> list[tuple] | None:
-        """CUDA IPC handles of this worker's copy of the training arrays for one other worker (None for on-demand
-        data)."""
+    def export_training_arrays(self) -> list[tuple]:
+        """CUDA IPC handles of this worker's copy of the training arrays for one other worker."""
         return self.clients.export()
 
     def map_training_arrays(self, handles: list[tuple]) -> str | None:

@@ -23,6 +23,7 @@ import rayfed
 from rayfed.checkpoint import has_checkpoint
 from rayfed.config import Config, load_config
 from rayfed.engine.ray import connect_ray
+from rayfed.engine.server import server_reserved_gpus
 from rayfed.errors import first_line
 from rayfed.metrics import read_summary, run_status
 from rayfed.sweep.spec import Sweep, Trial
@@ -41,8 +42,7 @@ def trial_bundles(config: Config) -> list[dict[str, float]]:
     def bundle(cpus: float, gpus: float) -> dict[str, float]:
         return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
 
-    # Unset, the server shares the workers' GPUs and reserves none.
-    server_gpus = engine.server_gpus or 0.0
+    server_gpus = server_reserved_gpus(engine)
     if engine.backend == "local":
         return [bundle(engine.worker_cpus, max(engine.worker_gpus, server_gpus))]
     # A server in the driver computes in the trial's own process, which takes the first bundle.
