@@ -8,7 +8,7 @@ from rayfed.algorithms import (Algorithm, AlgorithmContext, AlgorithmParams, Cli
                                register_algorithm)
 from rayfed.algorithms.base import local_descent, local_sgd, weighted_average
 from rayfed.algorithms.objective import Linear, LocalObjective, Proximal
-from rayfed.api import Result, resume, run
+from rayfed.api import Result, release_actors, resume, run
 from rayfed.callbacks import Callback, RunView, Stop, register_callback
 from rayfed.compression import register_compressor
 from rayfed.config import Config, load_config
@@ -22,5 +22,5 @@ __all__ = ["Algorithm", "AlgorithmContext", "AlgorithmParams", "Callback", "Clie
            "RoundInfo", "RunFacts", "RunFinished", "RunStopped", "RunView", "Selection", "SelectionRequest", "Stop",
            "Upload", "load_config", "local_descent", "local_sgd", "register_algorithm", "register_callback",
            "register_compressor", "register_dataset", "register_model", "register_partitioner", "register_selector",
-           "resume", "run", "weighted_average", "with_structure"]
+           "release_actors", "resume", "run", "weighted_average", "with_structure"]
 __version__ = "0.1.0"

@@ -80,6 +80,13 @@ def resume(run_dir: str | Path, progress: bool = True, callbacks: list[Callback]
                     lines=lines)
 
 
+def release_actors() -> None:
+    """Ends the actors that runs with engine.reuse_actors kept for a later run, freeing their CPUs and GPUs."""
+    pool = sys.modules.get("rayfed.engine.actor_pool")
+    if pool is not None:
+        pool.release_actors()
+
+
 def _callbacks(config: Config, given: list[Callback]) -> list[Callback]:
     """The config's callbacks, built (a failing constructor is a ConfigError before any work), then `given`."""
     for callback in given:

@@ -137,7 +137,12 @@ def plugin_entries() -> list[Entry]:
 
 
 def install(entries: list[Entry]) -> None:
-    """Registers `entries` (shipped from the driver) in this process; those already here are kept."""
+    """Makes `entries` (shipped from the driver) this process's plugins: those of an earlier run (an actor a
+    later run reuses) go."""
+    for registry in REGISTRIES.values():
+        for entry in registry.entries():
+            if not entry.builtin:
+                registry.remove(entry.name)
     for entry in entries:
         REGISTRIES[entry.kind].add(entry)
 

@@ -17,7 +17,7 @@ from rayfed.engine.worker import ClientTask
 from rayfed.models import FlatModel, build_model
 from rayfed.resources import plan_client_states
 from tests.test_checkpoint import ROUNDS, interrupted
-from tests.test_engine_equivalence import SYNTHETIC_MLP, assert_same_run
+from tests.test_engine_equivalence import ON_RAY, SYNTHETIC_MLP, assert_same_run
 
 SMALL = ["engine.backend=local", "data.num_clients=12", "train.clients_per_round=4", "train.rounds=4",
          "train.eval_every=2", "train.local_steps=3", "model.name=mlp", "model.hidden_sizes=[8, 6]"]
@@ -36,7 +36,7 @@ def assert_same_params(tmp_path, first, second):
 
 def assert_engines_agree(tmp_path, overrides):
     reference = run(tmp_path, SYNTHETIC_MLP + overrides + ["engine.backend=local"], "local")
-    other = run(tmp_path, SYNTHETIC_MLP + overrides + ["engine.backend=ray", "engine.num_workers=3"], "ray3")
+    other = run(tmp_path, SYNTHETIC_MLP + overrides + [*ON_RAY, "engine.num_workers=3"], "ray3")
     assert_same_run(reference, other)
     return reference
 

@@ -11,7 +11,7 @@ from rayfed.engine.worker import ClientTask
 from rayfed.errors import ConfigError
 from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, torch_generator
-from tests.test_engine_equivalence import assert_same_run, run
+from tests.test_engine_equivalence import ON_RAY, assert_same_run, run
 
 
 def windows(image):
@@ -106,5 +106,5 @@ def test_vectorized_clients_augment_as_they_would_alone(tmp_path, cifar_logreg):
 def test_local_and_ray_with_2_workers_augment_bitwise_alike(tmp_path, ray_cluster, cifar_logreg):
     overrides = cifar_logreg + ["data.augment=true", "model.name=lenet5", "algorithm.name=fedproxm"]
     reference = run(tmp_path, overrides + ["engine.backend=local"], "local")
-    other = run(tmp_path, overrides + ["engine.backend=ray", "engine.num_workers=2"], "ray2")
+    other = run(tmp_path, overrides + [*ON_RAY, "engine.num_workers=2"], "ray2")
     assert_same_run(reference, other)

@@ -15,7 +15,7 @@ from rayfed.registry import ALGORITHMS
 from rayfed.checkpoint import MAGIC, read_checkpoint
 from rayfed.cli import main
 from rayfed.metrics import MetricsLog
-from tests.test_engine_equivalence import SYNTHETIC_MLP, assert_same_run
+from tests.test_engine_equivalence import ON_RAY, SYNTHETIC_MLP, assert_same_run
 
 ROUNDS = ["train.rounds=7", "train.eval_every=2", "train.checkpoint_every=2"]
 # One worker runs the module, so that its interrupted runs (resumable) are made once.
@@ -74,7 +74,7 @@ def test_resume_on_the_ray_engine_restores_client_states_to_their_workers(tmp_pa
     overrides = SYNTHETIC_MLP + ROUNDS + ["algorithm.name=mifa"]
     whole = rayfed.run(rayfed.load_config(None, overrides + ["engine.backend=local"]), run_dir=tmp_path / "whole",
                        progress=False)
-    overrides += ["engine.backend=ray", "engine.num_workers=2"]
+    overrides += [*ON_RAY, "engine.num_workers=2"]
     resumed = rayfed.resume(interrupted(tmp_path, overrides, monkeypatch), progress=False)
     assert_same_run(whole, resumed)
     assert resumed.summary["client_state_bytes"] == whole.summary["client_state_bytes"] > 0

@@ -6,9 +6,9 @@ import torch
 
 import rayfed
 from rayfed.errors import ConfigError
-from tests.test_engine_equivalence import SYNTHETIC_MLP, assert_same_run, run
+from tests.test_engine_equivalence import ON_RAY, SYNTHETIC_MLP, assert_same_run, run
 
-DRIVER = ["engine.backend=ray", "engine.num_workers=2", "engine.server=driver"]
+DRIVER = [*ON_RAY, "engine.num_workers=2", "engine.server=driver"]
 
 
 @pytest.mark.slow

@@ -10,6 +10,10 @@ from rayfed.metrics import WALL_CLOCK_KEYS
 SYNTHETIC_MLP = ["data.num_clients=30", "train.clients_per_round=7", "train.rounds=4", "train.local_steps=3",
                  "train.batch_size=16", "train.eval_every=2", "model.name=mlp", "model.hidden_sizes=[16]",
                  "data.partition=dirichlet", "data.alpha=0.5", "algorithm.name=fedavgm"]
+# The ray engine as the suite runs it: a run builds the actors that the previous run in its process kept
+# (engine.reuse_actors) instead of starting processes, most of a small ray run's time. The bitwise checks then
+# also hold a reused actor to a fresh one's bits.
+ON_RAY = ["engine.backend=ray", "engine.reuse_actors=true"]
 
 
 def run(tmp_path, overrides, name):
@@ -36,7 +40,7 @@ def test_local_and_ray_with_1_2_3_workers_are_bitwise_identical(tmp_path, ray_cl
     assert reference.buffers.numel() > 0         # BatchNorm statistics travel and are compared too
     assert len(reference.history) == int(next(o for o in overrides if o.startswith("train.rounds="))[13:])
     for workers in (1, 2, 3):
-        other = run(tmp_path, overrides + ["engine.backend=ray", f"engine.num_workers={workers}"], f"ray{workers}")
+        other = run(tmp_path, overrides + [*ON_RAY, f"engine.num_workers={workers}"], f"ray{workers}")
         assert_same_run(reference, other)
 
 
@@ -53,14 +57,14 @@ def test_same_seed_same_bits_and_different_seed_different_run(tmp_path):
 @pytest.mark.slow
 def test_ray_engine_refuses_resources_the_cluster_lacks(tmp_path, ray_cluster):
     """A GPU request on a GPU-less cluster fails at once, rather than waiting forever for placement."""
-    config = rayfed.load_config(None, SYNTHETIC_MLP + ["engine.backend=ray", "engine.num_workers=2",
+    config = rayfed.load_config(None, SYNTHETIC_MLP + [*ON_RAY, "engine.num_workers=2",
                                                        "engine.worker_gpus=0.25"])
     with pytest.raises(rayfed.ConfigError, match=r"engine.worker_gpus needs 0.5 GPUs but "
                                                  r"the Ray cluster has 0"):
         rayfed.run(config, run_dir=tmp_path / "gpu", progress=False)
     assert not (tmp_path / "gpu").exists()
     # A server that reserves GPUs counts; unset, it shares the workers' GPU and reserves none.
-    reserving = rayfed.load_config(None, SYNTHETIC_MLP + ["engine.backend=ray", "engine.num_workers=2",
+    reserving = rayfed.load_config(None, SYNTHETIC_MLP + [*ON_RAY, "engine.num_workers=2",
                                                           "engine.worker_gpus=0.25", "engine.server_gpus=0.5"])
     with pytest.raises(rayfed.ConfigError, match=r"engine.worker_gpus \+ engine.server_gpus needs 1 GPUs but "
                                                  r"the Ray cluster has 0"):
@@ -77,7 +81,7 @@ def test_ray_engine_refuses_workers_that_fit_the_clusters_cpus_but_none_of_its_n
                         [{"Alive": False, "Resources": {"CPU": 8.0}}])
 
     def check(*overrides):
-        _check_resources(rayfed.load_config(None, SYNTHETIC_MLP + ["engine.backend=ray", *overrides]))
+        _check_resources(rayfed.load_config(None, SYNTHETIC_MLP + [*ON_RAY, *overrides]))
 
     check("engine.num_workers=2", "engine.worker_cpus=2")
     check("engine.num_workers=4", "engine.worker_cpus=1")
@@ -104,7 +108,7 @@ def test_adaptive_algorithms_are_bitwise_identical_across_engines_and_worker_cou
     overrides = SYNTHETIC_MLP + algorithm
     reference = run(tmp_path, overrides + ["engine.backend=local"], "local")
     for workers in (2, 3):
-        other = run(tmp_path, overrides + ["engine.backend=ray", f"engine.num_workers={workers}"], f"ray{workers}")
+        other = run(tmp_path, overrides + [*ON_RAY, f"engine.num_workers={workers}"], f"ray{workers}")
         assert_same_run(reference, other)
 
 
@@ -124,7 +128,7 @@ def test_client_state_and_memory_algorithms_are_bitwise_identical_across_engines
     the client, and the server's memory and QPs are deterministic: any worker count gives the same bits."""
     overrides = SYNTHETIC_MLP + ["train.rounds=6", "train.eval_every=3"] + algorithm
     reference = run(tmp_path, overrides + ["engine.backend=local"], "local")
-    other = run(tmp_path, overrides + ["engine.backend=ray", "engine.num_workers=3"], "ray3")
+    other = run(tmp_path, overrides + [*ON_RAY, "engine.num_workers=3"], "ray3")
     assert_same_run(reference, other)
     assert reference.summary["client_state_bytes"] == other.summary["client_state_bytes"]
     if "gradma_s" not in algorithm[0]:

@@ -10,11 +10,11 @@ import rayfed
 from rayfed.checkpoint import read_checkpoint
 from rayfed.cli import main
 from rayfed.errors import ConfigError
-from tests.test_engine_equivalence import SYNTHETIC_MLP, assert_same_run
+from tests.test_engine_equivalence import ON_RAY, SYNTHETIC_MLP, assert_same_run
 
 pytestmark = pytest.mark.slow
 
-RAY_MIFA = SYNTHETIC_MLP + ["engine.backend=ray", "engine.num_workers=2", "algorithm.name=mifa", "train.rounds=6",
+RAY_MIFA = SYNTHETIC_MLP + [*ON_RAY, "engine.num_workers=2", "algorithm.name=mifa", "train.rounds=6",
                             "train.eval_every=3"]
 
 
@@ -90,7 +90,7 @@ def test_a_killed_server_is_recreated_and_the_run_ends_with_the_uninterrupted_bi
     base = SYNTHETIC_MLP + ["algorithm.name=mifa", "train.rounds=6", "train.eval_every=3",
                             "train.checkpoint_every=2"]
     whole = run(tmp_path, "engine.backend=local", base=base, name="whole")
-    recovered = run(tmp_path, "engine.backend=ray", "engine.num_workers=2", f"engine.fault_injection={faults}",
+    recovered = run(tmp_path, *ON_RAY, "engine.num_workers=2", f"engine.fault_injection={faults}",
                     base=base)
     assert_same_run(whole, recovered)
     assert recovered.summary["server_restarts"] == faults.count("kill_server")
@@ -106,7 +106,7 @@ def test_with_worker_loss_replay_a_dead_worker_takes_the_run_back_to_the_uninter
                                                                                            ray_cluster, fault, origin):
     base = SYNTHETIC_MLP + ["algorithm.name=mifa", "train.rounds=6", "train.eval_every=3", "train.checkpoint_every=2"]
     whole = run(tmp_path, "engine.backend=local", base=base, name="whole")
-    replayed = run(tmp_path, "engine.backend=ray", "engine.num_workers=2", "engine.worker_loss=replay",
+    replayed = run(tmp_path, *ON_RAY, "engine.num_workers=2", "engine.worker_loss=replay",
                    f"engine.fault_injection=['{fault}']", base=base)
     assert_same_run(whole, replayed)
     worker, round = fault.split(":")[1], int(fault.split(":")[2]) + fault.endswith("idle")
@@ -119,7 +119,7 @@ def test_with_worker_loss_replay_a_dead_worker_takes_the_run_back_to_the_uninter
 def test_a_server_killed_without_a_checkpoint_starts_over(tmp_path, ray_cluster):
     base = SYNTHETIC_MLP + ["train.rounds=4"]
     whole = run(tmp_path, "engine.backend=local", base=base, name="whole")
-    recovered = run(tmp_path, "engine.backend=ray", "engine.fault_injection=['kill_server:3']", base=base)
+    recovered = run(tmp_path, *ON_RAY, "engine.fault_injection=['kill_server:3']", base=base)
     assert_same_run(whole, recovered)
 
 

@@ -19,7 +19,7 @@ from rayfed.selection.selectors import select
 from rayfed.systems.availability import AllClients
 from rayfed.systems.clients import make_client_systems
 from tests.test_checkpoint import interrupted
-from tests.test_engine_equivalence import assert_same_run
+from tests.test_engine_equivalence import ON_RAY, assert_same_run
 
 LAZY = ["data.dataset=synthetic_lazy", "data.num_clients=40", "data.synthetic_max_samples=80", "model.name=logreg",
         "train.clients_per_round=8", "train.rounds=4", "train.local_steps=3", "train.batch_size=16",
@@ -140,10 +140,10 @@ def test_clients_read_from_memory_mapped_files_by_index_lists(tmp_path, material
 @pytest.mark.slow
 def test_local_and_ray_are_bitwise_identical_on_synthetic_lazy(tmp_path, ray_cluster):
     local = run(tmp_path, LAZY + ["engine.backend=local"], "local")
-    on_ray = run(tmp_path, LAZY + ["engine.backend=ray", "engine.num_workers=2"], "ray")
+    on_ray = run(tmp_path, LAZY + [*ON_RAY, "engine.num_workers=2"], "ray")
     assert_same_run(local, on_ray)
     # A worker restarted by Ray is attached to the source again and makes its clients as before.
-    killed = run(tmp_path, LAZY + ["engine.backend=ray", "engine.num_workers=2", "engine.fault_injection=['kill:1:2']",
+    killed = run(tmp_path, LAZY + [*ON_RAY, "engine.num_workers=2", "engine.fault_injection=['kill:1:2']",
                                    "train.checkpoint_every=1"], "killed").history
     assert killed[1]["failed_workers"] == {"1": "died"} and killed[1]["num_lost"] > 0
     assert [m["num_participants"] for m in killed[2:]] == [8, 8]
@@ -265,5 +265,5 @@ def test_a_plugin_writes_an_on_demand_dataset(tmp_path, lazy_plugin):
 @pytest.mark.slow
 def test_a_plugin_on_demand_dataset_on_ray_is_bitwise_the_local_run(tmp_path, lazy_plugin, ray_cluster):
     local = run(tmp_path, [lazy_plugin, *PLUGIN_RUN, "engine.backend=local"], "local")
-    on_ray = run(tmp_path, [lazy_plugin, *PLUGIN_RUN, "engine.backend=ray", "engine.num_workers=2"], "ray")
+    on_ray = run(tmp_path, [lazy_plugin, *PLUGIN_RUN, *ON_RAY, "engine.num_workers=2"], "ray")
     assert_same_run(local, on_ray)

@@ -8,7 +8,7 @@ from rayfed.algorithms.summed_uploads import SummedUploads
 from rayfed.exact_sum import ExactSum
 from tests.test_cli import fails_cleanly, in_tmp  # noqa: F401 (a fixture)
 from tests.test_cli import main
-from tests.test_engine_equivalence import SYNTHETIC_MLP, assert_same_run, run
+from tests.test_engine_equivalence import ON_RAY, SYNTHETIC_MLP, assert_same_run, run
 from tests.test_plugins import forget_plugins, write
 
 PARTIAL = ["engine.partial_sums=true"]
@@ -36,7 +36,7 @@ def test_one_two_three_workers_local_and_ray_give_the_same_bits(tmp_path, ray_cl
     local = run(tmp_path, overrides + ["engine.backend=local"], "local")
     assert local.buffers.numel() > 0
     for workers in (2, 3):
-        assert_same_run(local, run(tmp_path, overrides + ["engine.backend=ray", f"engine.num_workers={workers}"],
+        assert_same_run(local, run(tmp_path, overrides + [*ON_RAY, f"engine.num_workers={workers}"],
                                    f"ray{workers}"))
     per_client = run(tmp_path, [o for o in overrides if o not in PARTIAL] + ["engine.backend=local"], "per_client")
     assert_close_to_per_client(per_client, local)

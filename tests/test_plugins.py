@@ -18,7 +18,7 @@ from rayfed import plugins
 from rayfed.cli import main
 from rayfed.registry import REGISTRIES, plugin_entries
 from tests.test_checkpoint import interrupted
-from tests.test_engine_equivalence import assert_same_run
+from tests.test_engine_equivalence import ON_RAY, assert_same_run
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "plugins" / "my_plugins.py"
 RUN = ["plugins=[./my_plugins.py]", "algorithm.name=my_fedavg_nesterov", "algorithm.momentum=0.8",
@@ -56,9 +56,9 @@ def run(directory, overrides, name):
 def test_the_example_runs_bitwise_alike_on_both_engines_and_resumes(in_outside, ray_cluster, monkeypatch, tmp_path):
     local = run(tmp_path, RUN + ["engine.backend=local"], "local")
     assert local.summary["final_test_accuracy"] > 0.5        # four classes: it learns
-    on_ray = run(tmp_path, RUN + ["engine.backend=ray", "engine.num_workers=2"], "ray")
+    on_ray = run(tmp_path, RUN + [*ON_RAY, "engine.num_workers=2"], "ray")
     assert_same_run(local, on_ray)
-    overrides = RUN + ["engine.backend=ray", "engine.num_workers=2", "train.checkpoint_every=2"]
+    overrides = RUN + [*ON_RAY, "engine.num_workers=2", "train.checkpoint_every=2"]
     resumed = rayfed.resume(interrupted(tmp_path, overrides, monkeypatch, fail_at_round=5), progress=False)
     assert_same_run(local, resumed)
     assert yaml.safe_load((tmp_path / "local" / "config.yaml").read_text())["plugins"] == ["./my_plugins.py"]

@@ -20,7 +20,7 @@ from rayfed.checkpoint import read_checkpoint
 from rayfed.cli import main
 from rayfed.engine.state_store import LOCAL_COPIES, MemoryStore, RowCodec, SpilledStore, SpillFailed
 from tests.test_checkpoint import ROUNDS, flip_byte, interrupted
-from tests.test_engine_equivalence import SYNTHETIC_MLP, assert_same_run
+from tests.test_engine_equivalence import ON_RAY, SYNTHETIC_MLP, assert_same_run
 from tests.test_plugins import forget_plugins
 
 LOCAL = SYNTHETIC_MLP + ["engine.backend=local", "train.checkpoint_every=2"]
@@ -339,7 +339,7 @@ def test_a_plugins_declared_state_spills_and_a_wrong_declaration_is_one_line(tmp
 @pytest.mark.slow
 def test_on_ray_each_worker_spills_one_shard_restored_after_its_restart_with_the_in_memory_bits(tmp_path,
                                                                                                  ray_cluster):
-    overrides = SYNTHETIC_MLP + ["engine.backend=ray", "engine.num_workers=2", "algorithm.name=mifa",
+    overrides = SYNTHETIC_MLP + [*ON_RAY, "engine.num_workers=2", "algorithm.name=mifa",
                                  "train.rounds=5", "train.checkpoint_every=2", "engine.fault_injection=['kill:1:4']"]
     in_memory = run(tmp_path, overrides, "memory")
     files = ShardFiles(tmp_path / "spilled" / "client_states")

@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 import rayfed
 from rayfed.callbacks.tensorboard import EVENT_FILES, TensorBoardLog, scalars
 from tests.test_checkpoint import ROUNDS, interrupted
-from tests.test_engine_equivalence import SYNTHETIC_MLP
+from tests.test_engine_equivalence import ON_RAY, SYNTHETIC_MLP
 
 LOCAL = SYNTHETIC_MLP + ["engine.backend=local", "logging.tensorboard=true"]
 
@@ -135,7 +135,7 @@ def test_events_are_on_disk_each_round_and_a_file_after_a_rewind_is_read_last(tm
 def test_a_recreated_server_leaves_one_value_per_round(tmp_path, ray_cluster):
     """The server dies stepping round 6: the supervisor goes back to the round-4 checkpoint, and
     round 5, already written, runs again."""
-    overrides = LOCAL + ROUNDS + ["engine.backend=ray", "engine.num_workers=2", "algorithm.name=mifa",
+    overrides = LOCAL + ROUNDS + [*ON_RAY, "engine.num_workers=2", "algorithm.name=mifa",
                                   "engine.fault_injection=['kill_server:6']"]
     result = rayfed.run(rayfed.load_config(None, overrides), run_dir=tmp_path / "run", progress=False)
     assert result.summary["server_restarts"] == 1

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rayfed.engine.worker import assign_to_workers
-from tests.test_engine_equivalence import assert_same_run, run
+from tests.test_engine_equivalence import ON_RAY, assert_same_run, run
 
 # 50-64 samples per client, batches of 32: the second step's batches differ in size between
 # clients, so the padding of the batched minibatches is exercised.
@@ -34,7 +34,7 @@ def test_vectorized_clients_match_sequential_training(tmp_path, algorithm):
 
 def test_vectorized_ray_workers_match_the_local_engine(tmp_path, ray_cluster):
     local = run(tmp_path, SMALL + ["engine.vectorize=true"], "local")
-    ray_run = run(tmp_path, [*SMALL, "engine.backend=ray", "engine.num_workers=2", "engine.vectorize=true"], "ray")
+    ray_run = run(tmp_path, [*SMALL, *ON_RAY, "engine.num_workers=2", "engine.vectorize=true"], "ray")
     assert ray_run.summary["vectorized"]
     torch.testing.assert_close(ray_run.params, local.params, rtol=RTOL, atol=ATOL)
 

@@ -23,6 +23,15 @@ def peak_rss() -> tuple[int, int]:
     return os.getpid(), peak if sys.platform == "darwin" else peak * 1024   # Linux reports KiB
 
 
+def reset_peak_rss() -> None:
+    """The calling process's peak resident set starts over from its present size (Linux: clear_refs 5), so that
+    an actor a later run reuses reports that run's peak; elsewhere it stays the process's."""
+    try:
+        (PROC / "self" / "clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
 def total_peak_rss(peaks: list[tuple[int, int]]) -> int:
     """The sum over distinct rayfed processes (not Ray's own daemons). Processes peak at different
     times and shared pages (Ray's object store) count once per process that touches them, so this

@@ -6,11 +6,13 @@ actor on a node (an on-demand dataset's source instead, a few numbers). Each rou
 is stored once by the server actor and read by all workers; uploads go from the worker actors
 straight to the server actor, whose step the driver sends before they arrive and which plans the
 next round (rayfed.engine.loop). A server in the driver steps on the uploads as they come back to
-it, and a small broadcast goes to the workers with their calls.
+it, and a small broadcast goes to the workers with their calls. The actors are built for a run after
+they start, so that a later run in this process may build them again (rayfed.engine.actor_pool).
 """
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import math
 import os
@@ -34,7 +36,9 @@ from rayfed.data.lazy import is_lazy
 from rayfed.engine.client_data import worker_data
 from rayfed.engine.gpu_share import sharing_groups
 from rayfed.engine.lost import ServerLost, WorkerLost
+from rayfed.engine import actor_pool
 from rayfed.engine.messages import Broadcast
+from rayfed.engine.process_memory import reset_peak_rss
 from rayfed.engine.ray_copies import RelayedCopies, existing_relay
 from rayfed.engine.ray_memory import MemoryProbe, run_pss
 from rayfed.engine.server import Server, clients_train_data, server_reserved_gpus
@@ -47,15 +51,6 @@ from rayfed.registry import Entry
 from rayfed.systems.clients import ClientSystems
 
 
-class RemoteHandle:
-    """Calls methods of a Ray actor: `handle.step(...)` returns an ObjectRef."""
-
-    def __init__(self, actor: Any):
-        self.actor = actor
-
-    def __getattr__(self, name: str) -> Callable:
-        method = getattr(self.actor, name)
-        return lambda *args, **kwargs: method.remote(*args, **kwargs)
 
 
 class DriverServer:
@@ -101,39 +96,53 @@ def _shipped(down: Broadcast):
 
 class WorkerRestarted(Exception):
     """Raised by a worker that Ray restarted: it has no shard or client states until the engine
-    attaches it again."""
+    attaches it again. It names its actor, which the engine knows by its index."""
 
-    def __init__(self, worker_index: int):
-        super().__init__(worker_index)
-        self.worker_index = worker_index
+    def __init__(self, actor_id: str):
+        super().__init__(actor_id)
+        self.actor_id = actor_id
+
+
+@dataclasses.dataclass
+class WorkerArguments:
+    """What builds a run's ClientWorker in an actor, besides the shared data."""
+
+    plugins: list[Entry]
+    config: Config
+    input_shape: tuple[int, ...]
+    num_classes: int
+    worker_index: int
+    num_workers: int
+    storage: StateStorage
 
 
 class RayClientWorker(MemoryProbe):
-    """A ClientWorker as a restartable Ray actor. Its constructor takes no objects from the store
-    (Ray cannot guarantee those for a restart, and says so on every run, ray#53727): the engine
-    hands it the shared data with `attach`, after creation and again after a restart. Every
-    ClientWorker method is reached through `call`, so a worker method added for a feature needs no
-    forwarder here."""
+    """A ClientWorker as a restartable Ray actor. It takes its run's arguments and the shared data with
+    `attach`, after creation, again after a restart, and when a later run reuses it (engine.reuse_actors);
+    its constructor takes nothing, so a restart brings back nothing of another run, and Ray never
+    passes it objects from the store (it cannot guarantee those for a restart, and says so on every
+    run, ray#53727). Every ClientWorker method is reached through `call`, so a worker method added for
+    a feature needs no forwarder here."""
 
-    def __init__(self, plugins: list[Entry], config: Config, input_shape: tuple[int, ...], num_classes: int,
-                 worker_index: int, num_workers: int, storage: StateStorage):
-        install_plugins(plugins)
-        self.arguments = (config, input_shape, num_classes, worker_index, num_workers, storage)
+    def __init__(self):
         self.worker: ClientWorker | None = None
 
-    def attach(self, data_refs: list, fault: Fault | None = None) -> None:
+    def attach(self, arguments: WorkerArguments, data_refs: list, fault: Fault | None = None) -> None:
         """`data_refs` = [train data, partition]: references inside a list, so Ray passes them unresolved.
         `fault` is enacted once attached: a worker that dies while it is being restarted."""
-        config, input_shape, num_classes, worker_index, num_workers, storage = self.arguments
+        install_plugins(arguments.plugins)
         train_data, partition = ray.get(data_refs)
-        self.worker = ClientWorker(config, train_data, partition, input_shape, num_classes, worker_index, num_workers,
-                                   storage)
+        # An earlier run's worker goes before this one is built: the two never hold their states at once.
+        self.worker = None
+        self.worker = ClientWorker(arguments.config, train_data, partition, arguments.input_shape,
+                                   arguments.num_classes, arguments.worker_index, arguments.num_workers,
+                                   arguments.storage)
         if fault is not None:
             enact(fault)
 
     def attached(self) -> ClientWorker:
         if self.worker is None:
-            raise WorkerRestarted(self.arguments[3])
+            raise WorkerRestarted(ray.get_runtime_context().get_actor_id())
         return self.worker
 
     def call(self, method: str, *args):
@@ -148,29 +157,76 @@ class RayClientWorker(MemoryProbe):
     def enact(self, fault: Fault) -> None:
         enact(fault)
 
-    def remove_live_shard(self) -> None:
+    def remove_live_shard(self, storage: StateStorage, num_workers: int, worker_index: int) -> None:
         """The run ended: this worker's live shard of spilled states, on a node the driver may not reach."""
-        _, _, _, worker_index, num_workers, storage = self.arguments
         storage.remove_files(num_workers, [worker_index])
 
+    def detach(self) -> None:
+        """The run ended and a later one may reuse this actor: its worker (clients' states, the run's data) goes,
+        and its peak memory starts over."""
+        self.worker = None
+        let_go()
 
-class RayServer(Server, MemoryProbe):
-    def __init__(self, plugins: list[Entry], *arguments):
+
+class RayServer(MemoryProbe):
+    """The Server as a Ray actor, built for a run by `build`, after creation or when a later run reuses it
+    (engine.reuse_actors). Every Server method is reached through `call`."""
+
+    def __init__(self):
+        self.server: Server | None = None
+
+    def build(self, plugins: list[Entry], *arguments) -> None:
         install_plugins(plugins)
-        super().__init__(*arguments)
+        self.server = None
+        self.server = Server(*arguments)
+
+    def call(self, method: str, *args, **kwargs):
+        return getattr(self.server, method)(*args, **kwargs)
 
     @ray.method(num_returns=2)
     def step_and_plan_next(self, *arguments, **keywords):
         """Two objects: the driver reads the metrics and the plan, and hands the workers the
         broadcast's reference, so it goes from the server's store to theirs."""
-        return super().step_and_plan_next(*arguments, **keywords)
+        return self.server.step_and_plan_next(*arguments, **keywords)
 
     def enact(self, fault: Fault) -> None:
         enact(fault)
 
+    def detach(self) -> None:
+        """The run ended and a later one may reuse this actor: its server goes, and its peak memory starts over."""
+        self.server = None
+        let_go()
 
-class WorkerHandle(RemoteHandle):
+
+def let_go() -> None:
+    """An idle actor's memory back to the node: the run's objects freed now (cycles included), its cached GPU
+    blocks returned; its peak resident set starts over for the next run's figures."""
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    reset_peak_rss()
+
+
+class ServerHandle:
+    """Calls the Server methods of a RayServer: `handle.sample(round)` returns an ObjectRef. `built`: what
+    the actor's build answers, a run's server error raised there."""
+
+    def __init__(self, actor: Any, built: ray.ObjectRef):
+        self.actor = actor
+        self.built = built
+
+    def __getattr__(self, name: str) -> Callable:
+        return lambda *args, **kwargs: self.actor.call.remote(name, *args, **kwargs)
+
+    def step_and_plan_next(self, *args, **kwargs):
+        return self.actor.step_and_plan_next.remote(*args, **kwargs)
+
+
+class WorkerHandle:
     """Calls the ClientWorker methods of a RayClientWorker: `handle.commit()` returns an ObjectRef."""
+
+    def __init__(self, actor: Any):
+        self.actor = actor
 
     def __getattr__(self, name: str) -> Callable:
         return lambda *args: self.actor.call.remote(name, *args)
@@ -222,6 +278,13 @@ class RayEngine:
         stored_train, (dataset.test_x, dataset.test_y) = ray.get([train_ref, test_ref])
         if not is_lazy(dataset):
             dataset.train_x, dataset.train_y = stored_train
+        # engine.reuse_actors: the last run's idle actors of the same options serve this one, and any other idle
+        # ones end, freeing what they hold. Only on a Ray that outlives the run, outside a sweep's trial (whose
+        # placement group ends with it).
+        self.reuse = engine.reuse_actors and not self.started_ray and not _in_placement_group()
+        self.worker_key = ("worker", engine.worker_cpus, engine.worker_gpus, engine.worker_max_restarts,
+                           engine.placement)
+        reused_workers = _sound(actor_pool.take(self.worker_key, engine.num_workers)) if self.reuse else []
         if engine.server == "driver":
             clients_train = clients_train_data(config, dataset, partition)
             self.new_server = lambda: DriverServer(Server(config, (dataset.test_x, dataset.test_y), dataset.input_shape,
@@ -231,13 +294,21 @@ class RayEngine:
             # otherwise P one-CPU workers could not all be placed on a P-core machine. Ray does not
             # restart it: the engine recreates it from the last checkpoint (recreate_server).
             reserved_gpus = server_reserved_gpus(engine)
+            placement = _server_placement(reserved_gpus)
+            self.server_key = ("server", reserved_gpus, getattr(placement.get("scheduling_strategy"), "node_id", None))
             server_actor = ray.remote(RayServer).options(num_cpus=0, num_gpus=reserved_gpus, max_restarts=0,
-                                                         **_server_placement(reserved_gpus))
-            # References, not values: Ray would store a copy of the values for each server it creates,
+                                                         **placement)
+            # References, not values: Ray would store a copy of the values for each server it builds,
             # and the driver would keep its own for the engine's lifetime.
             server_arguments = (plugins, config, test_ref, dataset.input_shape, dataset.num_classes, client_systems,
                                 ray.put(clients_train_data(config, dataset, partition)))
-            self.new_server = lambda: RemoteHandle(server_actor.remote(*server_arguments))
+            reused_server = _sound(actor_pool.take(self.server_key, 1)) if self.reuse else []
+
+            def new_server() -> ServerHandle:
+                actor = reused_server.pop() if reused_server else server_actor.remote()
+                return ServerHandle(actor, actor.build.remote(*server_arguments))
+            self.new_server = new_server
+        actor_pool.release_actors()
         # The checkpoint's copies of spilled shards of workers away from the driver's node go through a relay
         # there, so the run needs no file system that the nodes share. The workers keep their live shards on
         # their own nodes, and remove them when the run ends.
@@ -251,17 +322,18 @@ class RayEngine:
         self.round_timeout_s = engine.round_timeout_s
         self.restarts_seen = [0] * engine.num_workers
         self.max_restarts = engine.worker_max_restarts
-        self.workers = [
-            WorkerHandle(worker_actor.remote(plugins, config, dataset.input_shape, dataset.num_classes, index,
-                                             engine.num_workers, storage))
-            for index in range(engine.num_workers)
-        ]
+        self.worker_arguments = [WorkerArguments(plugins, config, dataset.input_shape, dataset.num_classes, index,
+                                                 engine.num_workers, storage)
+                                 for index in range(engine.num_workers)]
+        self.workers = [WorkerHandle(reused_workers[index] if index < len(reused_workers) else worker_actor.remote())
+                        for index in range(engine.num_workers)]
         # A server in the driver is built while the workers start.
         self.server = self.new_server()
-        # Actors start asynchronously; waiting here puts their start-up (and any error in their
-        # constructors) before the first round rather than inside it.
-        ray.get([*(actor.__ray_ready__.remote() for actor in self._server_actor()),
-                 *(handle.actor.attach.remote([train_ref, partition_ref]) for handle in self.workers)])
+        # Actors start asynchronously; waiting here puts their start-up (and any error in building them)
+        # before the first round rather than inside it.
+        ray.get([*self._server_built(),
+                 *(handle.actor.attach.remote(arguments, [train_ref, partition_ref])
+                   for handle, arguments in zip(self.workers, self.worker_arguments))])
         if engine.worker_gpus and not is_lazy(dataset):
             self._share_training_arrays()
 
@@ -281,7 +353,11 @@ class RayEngine:
 
     def _server_actor(self) -> list:
         """[the server's actor], or [] where the server runs in the driver."""
-        return [self.server.actor] if isinstance(self.server, RemoteHandle) else []
+        return [self.server.actor] if isinstance(self.server, ServerHandle) else []
+
+    def _server_built(self) -> list:
+        """[the reference that the server actor's build answers], or [] where the server runs in the driver."""
+        return [self.server.built] if isinstance(self.server, ServerHandle) else []
 
     def get(self, ref):
         if not _is_reference(ref):
@@ -289,11 +365,14 @@ class RayEngine:
         try:
             return ray.get(ref)
         except WorkerRestarted as error:
-            raise WorkerLost([error.worker_index]) from None
+            raise WorkerLost([self._worker_of(error.actor_id)]) from None
         except ACTOR_LOST as error:
             raise self._lost(error) from None
         except ray.exceptions.RayTaskError as error:
             raise _one_line(error) from None
+
+    def _worker_of(self, actor_id: str) -> int:
+        return next(index for index, handle in enumerate(self.workers) if handle.actor._actor_id.hex() == actor_id)
 
     def _lost(self, error: Exception) -> Exception:
         """The loss to report for a failed call: by the actor Ray names, or, when it names none, by
@@ -360,7 +439,8 @@ class RayEngine:
 
     def _attach(self, worker: int, fault: Fault | None) -> bool:
         try:
-            ray.get(self.workers[worker].actor.attach.remote([self.train_ref, self.partition_ref], fault))
+            ray.get(self.workers[worker].actor.attach.remote(self.worker_arguments[worker],
+                                                             [self.train_ref, self.partition_ref], fault))
             return True
         except ACTOR_LOST:
             return False
@@ -383,22 +463,41 @@ class RayEngine:
         # The old server goes before the new one is built: the two never hold their state at once.
         self.server = None
         self.server = self.new_server()
-        for server in self._server_actor():
-            self.get(server.__ray_ready__.remote())
+        for built in self._server_built():
+            self.get(built)
 
     def enact(self, target: int, fault: Fault) -> None:
         (self._server_actor()[0] if target == SERVER else self.workers[target].actor).enact.remote(fault)
+
+    def _keep_healthy_actors(self) -> set:
+        """Keeps the run's server and workers that never died for the next run (engine.reuse_actors), their
+        run's objects let go of; returns their actor ids."""
+        kept = set()
+        groups = [(self.worker_key, [handle.actor for handle in self.workers])]
+        if self._server_actor():
+            groups.append((self.server_key, self._server_actor()))
+        for key, actors in groups:
+            healthy = _sound(actors)
+            for actor in healthy:
+                actor.detach.remote()
+                kept.add(actor._actor_id)
+            actor_pool.keep(key, healthy)
+        return kept
 
     def shutdown(self) -> None:
         try:
             if self.spilled:
                 # Live shards on other nodes than the driver's, which the driver cannot remove (it removes its node's).
                 driver_node = ray.get_runtime_context().get_node_id()
-                away = [handle.actor for handle in self.workers if _actor_node(handle.actor) != driver_node]
-                ray.wait([actor.remove_live_shard.remote() for actor in away], num_returns=len(away),
-                         timeout=LIVE_SHARD_REMOVAL_S)
+                away = [(handle.actor, arguments) for handle, arguments in zip(self.workers, self.worker_arguments)
+                        if _actor_node(handle.actor) != driver_node]
+                ray.wait([actor.remove_live_shard.remote(arguments.storage, arguments.num_workers,
+                                                         arguments.worker_index) for actor, arguments in away],
+                         num_returns=len(away), timeout=LIVE_SHARD_REMOVAL_S)
+            kept = self._keep_healthy_actors() if self.reuse else set()
             for actor in self._named_actors().values():
-                ray.kill(actor)
+                if actor._actor_id not in kept:
+                    ray.kill(actor)
         finally:
             torch.set_num_threads(self.saved_threads)
             if self.started_ray:
@@ -439,6 +538,11 @@ def _worker_placement(placement: str) -> dict:
     if placement == "default" or _in_placement_group():
         return {}
     return {"scheduling_strategy": "SPREAD"}
+
+
+def _sound(actors: list) -> list:
+    """The actors that are alive and never died: a kept actor whose node has gone since is not."""
+    return [actor for actor in actors if _actor_state(actor) == ("ALIVE", 0)]
 
 
 def _actor_state(actor) -> tuple[str, int]:

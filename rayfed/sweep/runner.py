@@ -141,6 +141,8 @@ def _run_trials(sweep: Sweep, pending: list[Trial], sweep_dir: Path, progress: b
     # Tune's newer console output prints its own tables whatever `verbose` says; ours is the progress bar.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     started_ray = connect_ray(engine.address, largest, engine.connect_timeout_s, whole_machine=True)
+    # Actors an earlier run in this process kept (engine.reuse_actors) would hold CPUs the trials wait for.
+    rayfed.release_actors()
     try:
         environment = _trial_environment(sweep_dir)
         specs = [{"name": trial.name, "base": str(sweep_dir / "base.yaml"), "overrides": list(trial.overrides),

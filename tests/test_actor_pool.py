@@ -1,0 +1,99 @@
+"""engine.reuse_actors: a run builds the actors the previous run in its process kept, with its own config and
+plugins and the bits of fresh ones; actors that died, of other options, or released, end."""
+import textwrap
+import time
+
+import pytest
+from ray._private import state as ray_state
+
+import rayfed
+from tests.test_engine_equivalence import ON_RAY, SYNTHETIC_MLP, assert_same_run, run
+from tests.test_plugins import forget_plugins
+
+pytestmark = pytest.mark.slow
+
+MIFA = [*SYNTHETIC_MLP, "algorithm.name=mifa", "train.rounds=3"]
+
+
+def alive(*actor_classes):
+    """Ids of the live actors of `actor_classes` (RayClientWorker, RayServer) on the cluster, once those killed
+    have ended (Ray ends a killed actor soon after the call)."""
+    deadline = time.monotonic() + 30
+    while True:
+        entries = [entry for entry in ray_state.actors().values() if entry["ActorClassName"] in actor_classes]
+        if time.monotonic() > deadline or all(entry["State"] in ("ALIVE", "DEAD") for entry in entries):
+            break
+        time.sleep(0.1)
+    return {entry["ActorID"] for entry in entries if entry["State"] == "ALIVE"}
+
+
+def ever(actor_class):
+    return {actor_id for actor_id, entry in ray_state.actors().items() if entry["ActorClassName"] == actor_class}
+
+
+@pytest.fixture
+def no_kept_actors(ray_cluster):
+    rayfed.release_actors()
+    yield
+    rayfed.release_actors()
+
+
+def test_the_next_run_builds_the_kept_actors_for_its_own_config_with_the_local_bits(tmp_path, no_kept_actors):
+    run(tmp_path, [*SYNTHETIC_MLP, *ON_RAY, "engine.num_workers=2"], "first")
+    workers, servers = alive("RayClientWorker"), alive("RayServer")
+    assert len(workers) == 2 and len(servers) == 1
+    created = ever("RayClientWorker") | ever("RayServer")
+    # Another algorithm (client states, a server that holds every client's update) on the same actors.
+    second = run(tmp_path, [*MIFA, *ON_RAY, "engine.num_workers=2"], "second")
+    assert ever("RayClientWorker") | ever("RayServer") == created
+    assert alive("RayClientWorker") == workers and alive("RayServer") == servers
+    assert_same_run(run(tmp_path, [*MIFA, "engine.backend=local"], "local"), second)
+
+
+def test_a_kept_actor_takes_the_plugins_of_the_run_that_reuses_it(tmp_path, no_kept_actors):
+    """Two plugin files register one model name with different activations: the second run's reused workers
+    train the second's, as the local engine does."""
+    activations = {"first": "ReLU", "second": "Tanh"}
+    for name, activation in activations.items():
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(f"""\
+            import math
+            from torch import nn
+            import rayfed
+
+            @rayfed.register_model("pooled_mlp")
+            def pooled_mlp(input_shape, num_classes):
+                return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 8), nn.{activation}(),
+                                     nn.Linear(8, num_classes))
+            """))
+    results = {}
+    try:
+        for name in activations:
+            overrides = [*SYNTHETIC_MLP, f"plugins=[{tmp_path / name}.py]", "model.name=pooled_mlp"]
+            results[name] = run(tmp_path, [*overrides, *ON_RAY, "engine.num_workers=2"], f"{name}_ray")
+            assert_same_run(run(tmp_path, [*overrides, "engine.backend=local"], f"{name}_local"), results[name])
+            forget_plugins()
+    finally:
+        forget_plugins()
+    assert not (results["first"].params == results["second"].params).all()
+
+
+def test_actors_another_run_does_not_take_end(tmp_path, no_kept_actors):
+    run(tmp_path, [*SYNTHETIC_MLP, *ON_RAY, "engine.num_workers=2"], "kept")
+    first = alive("RayClientWorker", "RayServer")
+    assert len(first) == 3
+    # Other options: the kept workers end, the server is built again.
+    run(tmp_path, [*SYNTHETIC_MLP, *ON_RAY, "engine.num_workers=2", "engine.worker_cpus=0.5"], "other_cpus")
+    second = alive("RayClientWorker", "RayServer")
+    assert len(second & first) == 1 and len(second) == 3
+    # Without engine.reuse_actors the run takes none, and keeps none.
+    run(tmp_path, [*SYNTHETIC_MLP, "engine.backend=ray", "engine.num_workers=2"], "not_reusing")
+    assert not alive("RayClientWorker", "RayServer")
+    run(tmp_path, [*SYNTHETIC_MLP, *ON_RAY, "engine.num_workers=2"], "released")
+    assert len(alive("RayClientWorker", "RayServer")) == 3
+    rayfed.release_actors()
+    assert not alive("RayClientWorker", "RayServer")
+
+
+def test_a_worker_that_died_is_not_kept(tmp_path, no_kept_actors):
+    run(tmp_path, [*MIFA, *ON_RAY, "engine.num_workers=2", "engine.fault_injection=['kill:1:2']"], "killed")
+    assert len(alive("RayClientWorker")) == 1 and len(alive("RayServer")) == 1
