@@ -145,6 +145,14 @@ def write(folder, name, source):
      class Plain:
          pass
      """, r"^plugin ./bad.py: register_algorithm\('plain'\) takes a subclass of rayfed.Algorithm"),
+    ("""
+     import rayfed
+     from rayfed.algorithms.fedavg import FedAvg
+     @rayfed.register_algorithm("replying")
+     class Replying(FedAvg):
+         replies = True
+     """, r"^plugin ./bad.py: algorithm 'replying': replies = True needs keeps_client_state = True \(client_finish "
+          r"updates the clients' states with the reply\)$"),
 ])
 def test_a_plugin_that_cannot_be_used_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, source, message):
     monkeypatch.chdir(tmp_path)
@@ -195,6 +203,29 @@ def test_a_state_class_the_plugin_does_not_declare_stops_the_run(tmp_path, monke
                                                  "engine.backend=local", "train.rounds=2"]),
                        run_dir=tmp_path / "run", progress=False)
         assert not (tmp_path / "run").exists()
+    finally:
+        forget_plugins()
+
+
+def test_a_client_state_from_an_algorithm_that_keeps_none_stops_the_run(tmp_path, monkeypatch):
+    """Clients that keep no state train on any worker and commit nothing: a state would be lost."""
+    monkeypatch.chdir(tmp_path)
+    spec = write(tmp_path, "stateful.py", """
+        import rayfed
+        from rayfed.algorithms.fedavg import FedAvg
+
+        @rayfed.register_algorithm("secretly_stateful")
+        class SecretlyStateful(FedAvg):
+            def client_train(self, task, down, client_state):
+                upload, _ = super().client_train(task, down, None)
+                return upload, 1
+        """)
+    try:
+        with pytest.raises(rayfed.ConfigError, match="^algorithm 'secretly_stateful' returned a client state of class "
+                                                     "int but declares keeps_client_state = False; set it to True$"):
+            rayfed.run(rayfed.load_config(None, [f"plugins=[{spec}]", "algorithm.name=secretly_stateful",
+                                                 "engine.backend=local", "train.rounds=2"]),
+                       run_dir=tmp_path / "run", progress=False)
     finally:
         forget_plugins()
 

@@ -262,6 +262,9 @@ def register_algorithm(name: str):
                               f"not {target!r}")
         if not (isinstance(target.Params, type) and issubclass(target.Params, AlgorithmParams)):
             raise ConfigError(f"algorithm {name!r}: {target.__name__}.Params must subclass rayfed.AlgorithmParams")
+        if target.replies and not target.keeps_client_state:
+            raise ConfigError(f"algorithm {name!r}: replies = True needs keeps_client_state = True (client_finish "
+                              f"updates the clients' states with the reply)")
         return ALGORITHMS.register(name)(target)
     return decorate
 

@@ -74,10 +74,11 @@ def play_round(engine: Engine, round: int, clients_keep_state: bool, faults: Fau
     delivered, failed = engine.settle(calls, wait=settled_first)
     for worker in range(len(engine.workers)):
         enact_due(engine, faults, worker, round, "delivered")
-    for worker in calls:
+    for worker in calls if clients_keep_state else ():
         # Actor calls run in submission order, so this lands before the worker's next round (and a
         # worker's commit runs while the server steps). A worker that died has nothing to commit: its
-        # clients go back to the last checkpoint.
+        # clients go back to the last checkpoint. Clients without state have nothing to commit either: a
+        # call less per worker and round.
         (engine.workers[worker].commit if worker in delivered else engine.workers[worker].discard)()
     enact_due(engine, faults, SERVER, round, "step")
     try:

@@ -24,7 +24,7 @@ from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult, Worker
 from rayfed.engine.process_memory import peak_rss
 from rayfed.engine.state_store import IN_MEMORY, StateStorage, open_store
 from rayfed.engine.vectorized import FULL_GRADIENT_CHUNK, ClientBatchTask
-from rayfed.errors import first_line
+from rayfed.errors import ConfigError, first_line
 from rayfed.models import FlatModel, build_model
 from rayfed.models.forward import ModelForward
 from rayfed.seeding import Purpose, derive_seed, seed_global_torch, torch_generator
@@ -255,6 +255,10 @@ class ClientWorker:
             if type(state) not in self.checked_state_types:
                 check_state_declared(self.algorithm, self.config.algorithm.name, state, "client")
                 self.checked_state_types.add(type(state))
+            if not self.algorithm.keeps_client_state:
+                # Its clients train on any worker and commit nothing, so the state would be lost.
+                raise ConfigError(f"algorithm {self.config.algorithm.name!r} returned a client state of class "
+                                  f"{type(state).__name__} but declares keeps_client_state = False; set it to True")
             self.pending_states[client_id] = state
         upload.tensors = {name: t.cpu() for name, t in upload.tensors.items()}
         return ClientResult(client_id, upload, self.model.buffers.cpu().clone())
