@@ -85,13 +85,14 @@ def test_actors_another_run_does_not_take_end(tmp_path, no_kept_actors):
     run(tmp_path, [*SYNTHETIC_MLP, *ON_RAY, "engine.num_workers=2", "engine.worker_cpus=0.5"], "other_cpus")
     second = alive("RayClientWorker", "RayServer")
     assert len(second & first) == 1 and len(second) == 3
-    # Without engine.reuse_actors the run takes none, and keeps none.
-    run(tmp_path, [*SYNTHETIC_MLP, "engine.backend=ray", "engine.num_workers=2"], "not_reusing")
+    # Without engine.reuse_actors a run takes none, and keeps none.
+    one_worker = [*SYNTHETIC_MLP, "engine.num_workers=1", "engine.server=driver"]
+    run(tmp_path, [*one_worker, "engine.backend=ray"], "not_reusing")
     assert not alive("RayClientWorker", "RayServer")
-    run(tmp_path, [*SYNTHETIC_MLP, *ON_RAY, "engine.num_workers=2"], "released")
-    assert len(alive("RayClientWorker", "RayServer")) == 3
+    run(tmp_path, [*one_worker, *ON_RAY], "released")
+    assert len(alive("RayClientWorker")) == 1
     rayfed.release_actors()
-    assert not alive("RayClientWorker", "RayServer")
+    assert not alive("RayClientWorker")
 
 
 def test_a_worker_that_died_is_not_kept(tmp_path, no_kept_actors):

@@ -116,5 +116,6 @@ class Codec:
 
 def sent_bytes(result) -> int:
     """The bytes a client's upload took on its way to the server: its message's, when it came compressed."""
-    return int(result.upload.metrics.get("bytes_sent", result.nbytes))
+    sent = result.upload.metrics.get("bytes_sent")
+    return int(result.nbytes if sent is None else sent)
 
