@@ -126,6 +126,7 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
     engine = make_engine(config, dataset, partition, client_systems, storage)
     created, new_files = None, False
     supervisor = None
+    finished = False
     try:
         if checkpoint is None:
             run_dir, created = _create_run_dir(run_dir)
@@ -143,6 +144,7 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
             _resume_supervisor(supervisor, checkpoint, lines)
         startup_s = time.perf_counter() - started
         final = supervisor.run()
+        finished = True
     except BaseException as error:
         summary = _account_for_stop(error, supervisor, new_files, run_dir, created, config, started)
         if supervisor is not None:
@@ -155,7 +157,7 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
     finally:
         if supervisor is not None:
             supervisor.close()
-        engine.shutdown()
+        engine.shutdown(finished)
         storage.remove_files(config.engine.num_workers)
     return Result(supervisor.history, summary, run_dir, final["params"], final["buffers"])
 

@@ -391,11 +391,11 @@ class EngineConfig(_Section):
     with `engine.server_gpus` goes where Ray finds them); in a sweep the trial's placement group holds both (see Run on
     a Ray cluster)."""
     reuse_actors: Flag = False
-    """Ray: keep this run's server and workers, if they never died, for the next run in this Python process on the
-    same Ray with the same actor options (a loop over configs, a notebook, a test suite): it builds them for its own
-    config instead of starting processes, seconds each. They hold their CPUs and GPUs while they wait, until a run
-    that does not take them, `rayfed.release_actors()` or `ray.shutdown()` ends them. No effect on a private Ray
-    instance, which ends with the run, or in a sweep's trial (see Performance)."""
+    """Ray: when the run ends normally, keep its server and workers that never died for the next run in this Python
+    process on the same Ray with the same actor options (a loop over configs, a notebook, a test suite): it builds
+    them for its own config instead of starting processes, seconds each. They hold their CPUs and GPUs while they
+    wait, until the next ray run that does not take them, a sweep, `rayfed.release_actors()` or `ray.shutdown()` ends
+    them. No effect on a private Ray instance, which ends with the run, or in a sweep's trial (see Performance)."""
     worker_loss: Literal[WORKER_LOSSES] = "continue"
     """Ray: what a round in which a worker (or a whole node) died becomes. `continue`: it completes without the dead
     worker's clients and the run goes on, those clients' states back at the last checkpoint; `replay`: the run goes

@@ -7,6 +7,7 @@ import pytest
 from ray._private import state as ray_state
 
 import rayfed
+from rayfed.callbacks.dispatch import CallbackFailed
 from tests.test_engine_equivalence import ON_RAY, SYNTHETIC_MLP, assert_same_run, run
 from tests.test_plugins import forget_plugins
 
@@ -98,3 +99,16 @@ def test_actors_another_run_does_not_take_end(tmp_path, no_kept_actors):
 def test_a_worker_that_died_is_not_kept(tmp_path, no_kept_actors):
     run(tmp_path, [*MIFA, *ON_RAY, "engine.num_workers=2", "engine.fault_injection=['kill:1:2']"], "killed")
     assert len(alive("RayClientWorker")) == 1 and len(alive("RayServer")) == 1
+
+
+class Fails(rayfed.Callback):
+    def on_round_end(self, run, record):
+        raise RuntimeError("a failing callback")
+
+
+def test_a_run_that_fails_keeps_no_actors(tmp_path, no_kept_actors):
+    """Its actors may be busy or broken: the next run starts its own."""
+    config = rayfed.load_config(None, [*SYNTHETIC_MLP, *ON_RAY, "engine.num_workers=1", "engine.server=driver"])
+    with pytest.raises(CallbackFailed, match="RuntimeError: a failing callback"):
+        rayfed.run(config, run_dir=tmp_path / "failed", progress=False, callbacks=[Fails()])
+    assert not alive("RayClientWorker")

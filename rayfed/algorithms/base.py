@@ -262,6 +262,7 @@ def register_algorithm(name: str):
                               f"not {target!r}")
         if not (isinstance(target.Params, type) and issubclass(target.Params, AlgorithmParams)):
             raise ConfigError(f"algorithm {name!r}: {target.__name__}.Params must subclass rayfed.AlgorithmParams")
+        # The class's declarations; one that sets keeps_client_state per instance (GradMA) answers for itself.
         if target.replies and not target.keeps_client_state:
             raise ConfigError(f"algorithm {name!r}: replies = True needs keeps_client_state = True (client_finish "
                               f"updates the clients' states with the reply)")

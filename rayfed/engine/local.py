@@ -45,5 +45,5 @@ class LocalEngine:
     def enact(self, target: int, fault: Fault) -> None:
         raise ValueError("faults are injected on the ray engine only")
 
-    def shutdown(self) -> None:
+    def shutdown(self, finished: bool = False) -> None:
         torch.set_num_threads(self.saved_threads)

@@ -41,7 +41,8 @@ class Engine(Protocol):
 
     def enact(self, target: int, fault: Fault) -> None: ...
 
-    def shutdown(self) -> None: ...
+    def shutdown(self, finished: bool = False) -> None:
+        """`finished`: the run ended normally (its actors idle, which a later run may reuse)."""
 
 
 @dataclass

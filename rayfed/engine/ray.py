@@ -33,15 +33,15 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayfed.config import Config
 from rayfed.data import Dataset, Partition
 from rayfed.data.lazy import is_lazy
+from rayfed.engine import actor_pool
 from rayfed.engine.client_data import worker_data
 from rayfed.engine.gpu_share import sharing_groups
 from rayfed.engine.lost import ServerLost, WorkerLost
-from rayfed.engine import actor_pool
 from rayfed.engine.messages import Broadcast
 from rayfed.engine.process_memory import reset_peak_rss
 from rayfed.engine.ray_copies import RelayedCopies, existing_relay
 from rayfed.engine.ray_memory import MemoryProbe, run_pss
-from rayfed.engine.server import Server, clients_train_data, server_reserved_gpus
+from rayfed.engine.server import Server, clients_train_data, server_reserved_gpus, server_share
 from rayfed.engine.state_store import SpillFailed, StateStorage
 from rayfed.engine.worker import ClientWorker
 from rayfed.errors import ConfigError, first_line
@@ -49,8 +49,6 @@ from rayfed.faults import SERVER, Fault, enact
 from rayfed.plugins import install_plugins, shippable_plugins
 from rayfed.registry import Entry
 from rayfed.systems.clients import ClientSystems
-
-
 
 
 class DriverServer:
@@ -199,10 +197,12 @@ class RayServer(MemoryProbe):
 
 
 def let_go() -> None:
-    """An idle actor's memory back to the node: the run's objects freed now (cycles included), its cached GPU
-    blocks returned; its peak resident set starts over for the next run's figures."""
+    """An idle actor's memory back to the node: the run's objects freed now (cycles included), its cached and
+    shared GPU blocks returned; its peak resident set starts over for the next run's figures."""
     gc.collect()
     if torch.cuda.is_initialized():
+        # Blocks another worker mapped (rayfed.engine.gpu_share) wait for this collection, not for empty_cache.
+        torch.cuda.ipc_collect()
         torch.cuda.empty_cache()
     reset_peak_rss()
 
@@ -243,6 +243,9 @@ REVIVE_TIMEOUT_S = 120.0
 SAME_INCARNATION_S = 10.0
 # How long the engine's shutdown waits for the workers to remove their live shards (a dead one cannot).
 LIVE_SHARD_REMOVAL_S = 10.0
+# How long a finished run waits for its actors to let go of it (engine.reuse_actors): one that does not answer
+# by then is ended instead of kept.
+DETACH_TIMEOUT_S = 10.0
 
 
 class RayEngine:
@@ -295,7 +298,9 @@ class RayEngine:
             # restart it: the engine recreates it from the last checkpoint (recreate_server).
             reserved_gpus = server_reserved_gpus(engine)
             placement = _server_placement(reserved_gpus)
-            self.server_key = ("server", reserved_gpus, getattr(placement.get("scheduling_strategy"), "node_id", None))
+            # The GPU share it computes with is in the key: a server that ran on a GPU set its process's CUDA state.
+            self.server_key = ("server", reserved_gpus, server_share(engine),
+                               getattr(placement.get("scheduling_strategy"), "node_id", None))
             server_actor = ray.remote(RayServer).options(num_cpus=0, num_gpus=reserved_gpus, max_restarts=0,
                                                          **placement)
             # References, not values: Ray would store a copy of the values for each server it builds,
@@ -364,15 +369,10 @@ class RayEngine:
             return ref
         try:
             return ray.get(ref)
-        except WorkerRestarted as error:
-            raise WorkerLost([self._worker_of(error.actor_id)]) from None
-        except ACTOR_LOST as error:
+        except (WorkerRestarted, *ACTOR_LOST) as error:
             raise self._lost(error) from None
         except ray.exceptions.RayTaskError as error:
             raise _one_line(error) from None
-
-    def _worker_of(self, actor_id: str) -> int:
-        return next(index for index, handle in enumerate(self.workers) if handle.actor._actor_id.hex() == actor_id)
 
     def _lost(self, error: Exception) -> Exception:
         """The loss to report for a failed call: by the actor Ray names, or, when it names none, by
@@ -470,21 +470,21 @@ class RayEngine:
         (self._server_actor()[0] if target == SERVER else self.workers[target].actor).enact.remote(fault)
 
     def _keep_healthy_actors(self) -> set:
-        """Keeps the run's server and workers that never died for the next run (engine.reuse_actors), their
-        run's objects let go of; returns their actor ids."""
-        kept = set()
-        groups = [(self.worker_key, [handle.actor for handle in self.workers])]
+        """Keeps the run's server and workers that never died and let go of the run's objects in time for the
+        next run (engine.reuse_actors); returns their actor ids."""
+        groups = [(self.worker_key, _sound([handle.actor for handle in self.workers]))]
         if self._server_actor():
-            groups.append((self.server_key, self._server_actor()))
+            groups.append((self.server_key, _sound(self._server_actor())))
+        detached = {actor.detach.remote(): actor for _, actors in groups for actor in actors}
+        ready, _ = ray.wait(list(detached), num_returns=len(detached), timeout=DETACH_TIMEOUT_S)
+        kept = {detached[reference]._actor_id for reference in ready}
         for key, actors in groups:
-            healthy = _sound(actors)
-            for actor in healthy:
-                actor.detach.remote()
-                kept.add(actor._actor_id)
-            actor_pool.keep(key, healthy)
+            actor_pool.keep(key, [actor for actor in actors if actor._actor_id in kept])
         return kept
 
-    def shutdown(self) -> None:
+    def shutdown(self, finished: bool = False) -> None:
+        """`finished`: the run played its rounds (or a callback ended it), so its actors are idle: with
+        engine.reuse_actors they are kept. Those of a run that failed or was stopped may be busy or broken."""
         try:
             if self.spilled:
                 # Live shards on other nodes than the driver's, which the driver cannot remove (it removes its node's).
@@ -494,7 +494,7 @@ class RayEngine:
                 ray.wait([actor.remove_live_shard.remote(arguments.storage, arguments.num_workers,
                                                          arguments.worker_index) for actor, arguments in away],
                          num_returns=len(away), timeout=LIVE_SHARD_REMOVAL_S)
-            kept = self._keep_healthy_actors() if self.reuse else set()
+            kept = self._keep_healthy_actors() if self.reuse and finished else set()
             for actor in self._named_actors().values():
                 if actor._actor_id not in kept:
                     ray.kill(actor)
