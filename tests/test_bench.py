@@ -10,7 +10,7 @@ import torch
 import rayfed
 from rayfed.api import load_data
 from rayfed.bench.plain_loop import PlainFedAvg
-from rayfed.bench.runner import format_table
+from rayfed.bench.runner import ENGINES, format_table, measure_engine
 from rayfed.bench.workloads import workload_config
 from rayfed.cli import main
 
@@ -40,6 +40,19 @@ def test_plain_loop_trains_bitwise_the_model_rayfed_trains(tmp_path, ray_cluster
     assert torch.equal(params, result.params)
     assert torch.equal(buffers, result.buffers)
     assert (buffers.numel() > 0) == (workload == "lenet")
+
+
+@pytest.mark.slow
+def test_ray_reused_measures_a_run_on_the_actors_a_first_run_kept(ray_cluster):
+    from tests.test_actor_pool import ever
+    rayfed.release_actors()
+    config = workload_config("tiny", 5, SMALL)
+    before = ever("RayClientWorker") | ever("RayServer")
+    measured = measure_engine("tiny", 5, [*ENGINES["ray_reused"], *SMALL])
+    # The first run started three actors (two workers and the server); the measured one started none.
+    assert len(ever("RayClientWorker") | ever("RayServer")) == len(before) + 3
+    assert torch.equal(measured["params"], plain_params(config)[0])
+    rayfed.release_actors()
 
 
 @pytest.fixture(scope="module")
