@@ -347,5 +347,8 @@ def test_on_ray_each_worker_spills_one_shard_restored_after_its_restart_with_the
     assert_same_run(in_memory, spilled)
     assert spilled.history[3]["client_states_after_restart"] == "restored from the checkpoint of round 2"
     shards = ["shard-0-of-2.bin", "shard-1-of-2.bin"]
-    assert files.seen == [(shards, [])] * 2 + [(shards, shards)] * 3
+    # A worker makes its shard with its first commit, which overlaps the server's step: at the end of round 1 it may
+    # still be running. From round 2 on the last round's has run, since a worker commits before it trains again.
+    assert set(files.seen[0][0]) <= set(shards) and files.seen[0][1] == []
+    assert files.seen[1:] == [(shards, [])] + [(shards, shards)] * 3
     assert spilled.summary["client_state_bytes"] == in_memory.summary["client_state_bytes"] > 0
