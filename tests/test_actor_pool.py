@@ -1,5 +1,7 @@
 """engine.reuse_actors: a run builds the actors the previous run in its process kept, with its own config and
 plugins and the bits of fresh ones; actors that died, of other options, or released, end."""
+import os
+import signal
 import textwrap
 import time
 
@@ -97,9 +99,9 @@ def test_actors_another_run_does_not_take_end(tmp_path, no_kept_actors):
 
 
 def test_a_worker_that_died_is_not_kept(tmp_path, no_kept_actors):
-    run(tmp_path, [*MIFA, *ON_RAY, "engine.num_workers=2", "engine.server=driver",
-                   "engine.fault_injection=['kill:1:2']"], "killed")
-    assert len(alive("RayClientWorker")) == 1
+    run(tmp_path, [*MIFA, *ON_RAY, "engine.num_workers=1", "engine.server=driver",
+                   "engine.fault_injection=['kill:0:2']"], "killed")
+    assert not alive("RayClientWorker")
 
 
 class Fails(rayfed.Callback):
@@ -113,3 +115,18 @@ def test_a_run_that_fails_keeps_no_actors(tmp_path, no_kept_actors):
     with pytest.raises(CallbackFailed, match="RuntimeError: a failing callback"):
         rayfed.run(config, run_dir=tmp_path / "failed", progress=False, callbacks=[Fails()])
     assert not alive("RayClientWorker")
+
+
+def test_a_kept_worker_that_died_while_it_waited_ends_and_is_replaced(tmp_path, no_kept_actors):
+    one_worker = [*SYNTHETIC_MLP, *ON_RAY, "engine.num_workers=1", "engine.server=driver"]
+    run(tmp_path, one_worker, "kept")
+    (kept,) = alive("RayClientWorker")
+    os.kill(ray_state.actors()[kept]["Pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while ray_state.actors()[kept]["NumRestarts"] == 0 or kept not in alive("RayClientWorker"):
+        assert time.monotonic() < deadline, "Ray did not restart the killed worker"
+        time.sleep(0.2)
+    second = run(tmp_path, one_worker, "after")
+    (replacement,) = alive("RayClientWorker")
+    assert replacement != kept
+    assert_same_run(run(tmp_path, [*SYNTHETIC_MLP, "engine.backend=local"], "local"), second)

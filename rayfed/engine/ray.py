@@ -287,7 +287,7 @@ class RayEngine:
         self.reuse = engine.reuse_actors and not self.started_ray and not _in_placement_group()
         self.worker_key = ("worker", engine.worker_cpus, engine.worker_gpus, engine.worker_max_restarts,
                            engine.placement)
-        reused_workers = _sound(actor_pool.take(self.worker_key, engine.num_workers)) if self.reuse else []
+        reused_workers = _take_sound(self.worker_key, engine.num_workers) if self.reuse else []
         if engine.server == "driver":
             clients_train = clients_train_data(config, dataset, partition)
             self.new_server = lambda: DriverServer(Server(config, (dataset.test_x, dataset.test_y), dataset.input_shape,
@@ -307,7 +307,7 @@ class RayEngine:
             # and the driver would keep its own for the engine's lifetime.
             server_arguments = (plugins, config, test_ref, dataset.input_shape, dataset.num_classes, client_systems,
                                 ray.put(clients_train_data(config, dataset, partition)))
-            reused_server = _sound(actor_pool.take(self.server_key, 1)) if self.reuse else []
+            reused_server = _take_sound(self.server_key, 1) if self.reuse else []
 
             def new_server() -> ServerHandle:
                 actor = reused_server.pop() if reused_server else server_actor.remote()
@@ -538,6 +538,18 @@ def _worker_placement(placement: str) -> dict:
     if placement == "default" or _in_placement_group():
         return {}
     return {"scheduling_strategy": "SPREAD"}
+
+
+def _take_sound(key: tuple, count: int) -> list:
+    """Up to `count` kept actors of the options `key` that are alive and never died; any that Ray restarted
+    while it waited (its node gone, its process killed) ends."""
+    taken = actor_pool.take(key, count)
+    sound = _sound(taken)
+    kept = {actor._actor_id for actor in sound}
+    for actor in taken:
+        if actor._actor_id not in kept:
+            ray.kill(actor)
+    return sound
 
 
 def _sound(actors: list) -> list:
