@@ -20,32 +20,36 @@ _session: str | None = None
 
 def take(key: Hashable, count: int) -> list[Any]:
     """Up to `count` idle actors created with the options `key`, no longer idle."""
-    if _session != _current_session():
-        _idle.clear()
-    kept = _idle.get(key, [])
-    taken, _idle[key] = kept[:count], kept[count:]
+    idle = _idle_now()
+    kept = idle.get(key, [])
+    taken, idle[key] = kept[:count], kept[count:]
     return taken
 
 
 def keep(key: Hashable, actors: list[Any]) -> None:
     """Keeps `actors`, created with the options `key`, idle for a later run."""
-    global _session
-    if _session != _current_session():
-        _idle.clear()
-        _session = _current_session()
-    _idle.setdefault(key, []).extend(actors)
+    _idle_now().setdefault(key, []).extend(actors)
 
 
 def release_actors() -> None:
     """Ends the actors kept for a later run, freeing their CPUs and GPUs."""
-    if _session == _current_session():
-        for actors in _idle.values():
-            for actor in actors:
-                ray.kill(actor)
+    for actors in _idle_now().values():
+        for actor in actors:
+            ray.kill(actor)
     _idle.clear()
 
 
+def _idle_now() -> dict[Hashable, list[Any]]:
+    """The idle actors of the present Ray session: those kept in another (Ray shut down and started again) are
+    forgotten, their handles naming nothing."""
+    global _session
+    session = _current_session()
+    if session != _session:
+        _idle.clear()
+        _session = session
+    return _idle
+
+
 def _current_session() -> str | None:
-    """Ray's session: a handle kept from another one (Ray shut down and started again) names nothing."""
     node = ray._private.worker._global_node if ray.is_initialized() else None
     return None if node is None else node.session_name
