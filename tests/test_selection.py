@@ -195,13 +195,15 @@ def test_the_servers_aggregate_is_unbiased_under_every_selector():
     import torch
     from tests.test_server import fake_results, make_server
     from rayfed.selection import ClientOrder
+    from rayfed.selection.sampler import ClientSampler
     for selector in ("md", "acs", "ucs", "cacs"):
         _, server = make_server("algorithm.name=fedavg", f"selection.selector={selector}", "train.eval_every=1000",
                                 "train.rounds=1000")
+        server.sampler = ClientSampler(server.sampler.section, server.sampler.seed,
+                                       np.arange(20) * 3 + 5)                # unequal importances
         # CACS is unbiased in any order (T24): one that interleaves large and small clients
         server.sampler.client_order = ClientOrder(np.random.default_rng(3).permutation(20),
                                                   np.zeros(20, dtype=np.int64))
-        server.sampler.client_sizes = np.arange(20) * 3 + 5                  # unequal importances
         sizes = server.sampler.client_sizes
         p = sizes / sizes.sum()
         steps = []
@@ -351,3 +353,26 @@ def test_mifa_runs_under_every_selector(tmp_path):
                      "train.eval_every=3", "model.name=logreg", "algorithm.name=mifa", f"selection.selector={selector}"]
         result = rayfed.run(rayfed.load_config(None, overrides), run_dir=tmp_path / selector, progress=False)
         assert np.isfinite(result.history[-1]["test_loss"])
+
+
+def test_md_draws_numpys_categorical_choice_and_a_kept_cumulative_sum_changes_no_draw():
+    """md searches the importances' cumulative sum that numpy's choice(p=...) forms, so its draws are choice's;
+    the sampler keeps all clients' sum between rounds, and a round drawn from the kept one equals a fresh one."""
+    from rayfed.selection.sampler import ClientSampler
+    from rayfed.selection.selectors import Importances
+    from rayfed.systems.availability import AllClients
+    for seed in range(20):
+        counts = np.random.default_rng(seed).integers(0 if seed % 2 else 1, 30, size=1 + 97 * seed)
+        p = counts / counts.sum()
+        expected = np.random.default_rng(seed).choice(len(counts), size=25, replace=True, p=p)
+        first = np.unique(expected, return_index=True)[1]
+        selection = select("md", np.arange(len(counts)), counts, 25, np.random.default_rng(seed))
+        assert np.array_equal(selection.clients, expected[np.sort(first)])
+        known = Importances(counts)
+        for rng_seed in (seed, seed + 1):
+            kept = select("md", AllClients(len(counts)), counts, 25, np.random.default_rng(rng_seed), known=known)
+            fresh = select("md", np.arange(len(counts)), counts, 25, np.random.default_rng(rng_seed))
+            assert np.array_equal(kept.clients, fresh.clients) and np.array_equal(kept.weights, fresh.weights)
+    sizes = np.random.default_rng(3).integers(1, 1000, size=500).astype(np.int32)
+    sampler = ClientSampler(None, 0, sizes)
+    assert sampler.importances([0, 7, 499]) == {client: float(sizes[client] / sizes.sum()) for client in (0, 7, 499)}

@@ -13,7 +13,7 @@ from rayfed.errors import kind_of
 from rayfed.registry import SELECTORS
 from rayfed.seeding import Purpose, numpy_rng
 from rayfed.selection.clusters import ClientOrder, cluster_order, order_problem
-from rayfed.selection.selectors import Selection, select
+from rayfed.selection.selectors import Importances, Selection, select
 from rayfed.systems.availability import AllClients
 
 
@@ -23,20 +23,23 @@ class ClientSampler:
         self.section = selection
         self.seed = seed
         self.client_sizes = client_sizes
+        self.all_clients = Importances(client_sizes)
         self.client_order: ClientOrder | None = None
 
     def choose(self, round: int, candidates: np.ndarray, wanted: int) -> Selection:
         rng = numpy_rng(self.seed, Purpose.SAMPLE_CLIENTS, round)
         order = self.client_order.order if self.client_order is not None else None
-        counts = self.client_sizes if isinstance(candidates, AllClients) else self.client_sizes[candidates]
-        return select(self.section.selector, candidates, counts, wanted, rng, self.section.ucs_variant, order)
+        if isinstance(candidates, AllClients):
+            return select(self.section.selector, candidates, self.client_sizes, wanted, rng, self.section.ucs_variant,
+                          order, self.all_clients)
+        return select(self.section.selector, candidates, self.client_sizes[candidates], wanted, rng,
+                      self.section.ucs_variant, order)
 
     def importances(self, clients: list[int]) -> dict[int, float]:
         """p_i = D_i / sum_j D_j over all clients, of `clients`: what MIFA weights its clients' latest
         updates by under a selector that weights the clients."""
-        sizes = self.client_sizes
-        total = sizes.sum()
-        return {client: float(sizes[client] / total) for client in clients}
+        importances = self.all_clients.p
+        return {client: float(importances[client]) for client in clients}
 
     def needs_warmup(self) -> bool:
         return self.warms_up() and self.client_order is None

@@ -14,6 +14,7 @@ A client drawn more than once trains once and carries its count in its weight.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -30,11 +31,32 @@ class Selection:
     weights: np.ndarray | None      # aggregation weight of each of `clients`; None: the algorithm's own
 
 
+class Importances:
+    """The importances p_i = D_i / sum_j D_j of candidates whose sample counts are `counts`, and their cumulative
+    sum, each computed when first asked for. The sampler keeps all clients' across rounds, so a round in which
+    every client is online draws md's clients in O(S), not O(N)."""
+
+    def __init__(self, counts: np.ndarray):
+        self.counts = counts
+
+    @cached_property
+    def p(self) -> np.ndarray:
+        return np.asarray(self.counts, dtype=np.float64) / np.sum(self.counts)
+
+    @cached_property
+    def cumulative(self) -> np.ndarray:
+        """p's cumulative sum over its last entry: numpy's own for choice(p=p), whose draws searching it gives."""
+        cumulative = self.p.cumsum()
+        cumulative /= cumulative[-1]
+        return cumulative
+
+
 @dataclass(frozen=True)
 class SelectionRequest:
     """One round's draw: `size` draws (S, the paper's M) among `candidates` (the online clients' ids),
     whose sample counts are `counts`, from the stream (seed, round); `ucs_variant` (selection.ucs_variant)
-    and `order` (CACS's order of all clients, from its warm-up) for the selectors that use them."""
+    and `order` (CACS's order of all clients, from its warm-up) for the selectors that use them; `known`: the
+    candidates' Importances where the sampler keeps them between rounds."""
 
     candidates: np.ndarray
     counts: np.ndarray
@@ -42,11 +64,20 @@ class SelectionRequest:
     rng: np.random.Generator
     ucs_variant: str = "paper"
     order: np.ndarray | None = None
+    known: Importances | None = None
 
     @property
     def importances(self) -> np.ndarray:
         """p_i = D_i / sum_j D_j over the candidates."""
-        return np.asarray(self.counts, dtype=np.float64) / np.sum(self.counts)
+        return self._importances().p
+
+    @property
+    def cumulative_importances(self) -> np.ndarray:
+        """The cumulative sum of p over its last entry, as numpy's choice(p=p) forms it."""
+        return self._importances().cumulative
+
+    def _importances(self) -> Importances:
+        return self.known if self.known is not None else Importances(self.counts)
 
 
 def register_selector(name: str, *, warmup: bool = False, unit_weight_sum: bool = True):
@@ -62,13 +93,13 @@ def register_selector(name: str, *, warmup: bool = False, unit_weight_sum: bool 
 
 
 def select(selector: str, candidates: np.ndarray, counts: np.ndarray, size: int, rng: np.random.Generator,
-           ucs_variant: str = "paper", order: np.ndarray | None = None) -> Selection:
+           ucs_variant: str = "paper", order: np.ndarray | None = None, known: Importances | None = None) -> Selection:
     """The round's selection by the registered `selector` (see SelectionRequest). rayfed's own
     selectors take the candidates as given (AllClients when everyone is online: they only index it);
     a plugin's get the array of ids its API promises."""
     entry = SELECTORS.get(selector)
     return entry.target(SelectionRequest(candidates if entry.builtin else np.asarray(candidates), counts, size, rng,
-                                         ucs_variant, order))
+                                         ucs_variant, order, known))
 
 
 @register_selector("uniform")
@@ -80,7 +111,8 @@ def _uniform(request: SelectionRequest) -> Selection:
 
 @register_selector("md")
 def _md(request: SelectionRequest) -> Selection:
-    draws = request.rng.choice(len(request.candidates), size=request.size, replace=True, p=request.importances)
+    # numpy's choice(len(candidates), size, p=importances), draw for draw, without its pass over p every round
+    draws = np.searchsorted(request.cumulative_importances, request.rng.random(request.size), side="right")
     return _counted(request, draws)
 
 
