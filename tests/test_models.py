@@ -45,6 +45,35 @@ def test_parameters_and_buffers_are_views_of_the_flat_vectors():
     assert not torch.equal(before, model.buffers)
 
 
+def test_the_flat_vectors_hold_torch_cats_values_and_dtype():
+    torch.manual_seed(0)
+    module = build_model("mlp", (12,), 3, [8])
+    expected = torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+    assert torch.equal(FlatModel(copy.deepcopy(module)).params, expected)
+    mixed = torch.nn.Linear(3, 2)
+    mixed.bias.data = mixed.bias.data.double()
+    flat = FlatModel(mixed).params
+    assert flat.dtype == torch.float64 and torch.equal(flat[6:], mixed.bias.detach())
+
+
+def test_the_runs_declared_model_on_the_meta_device_does_not_import_torch_dynamo():
+    """torch.cat on the meta device imports torch._dynamo, a second of start-up; the declared shapes need none."""
+    import subprocess
+    import sys
+    code = ("import sys, dataclasses, rayfed\n"
+            "from rayfed.api import load_data\n"
+            "from rayfed.checkpoint_content import Declared\n"
+            "from rayfed.systems.clients import make_client_systems\n"
+            "config = rayfed.load_config(None, ['model.name=lenet5', 'data.dataset=cifar10_random', "
+            "'data.partition=iid', 'data.num_clients=20', 'algorithm.name=mifa'])\n"
+            "systems = make_client_systems(config)\n"
+            "declared = Declared(config, dataclasses.replace(systems, client_sizes=load_data(config)[1].sizes))\n"
+            "print(declared.client_floats, 'torch._dynamo' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["941834", "False"]      # MIFA keeps d floats per client; lenet5's d above
+
+
 def test_flat_gradient_equals_autograd():
     torch.manual_seed(0)
     module = build_model("lenet5", (3, 32, 32), 10)

@@ -7,6 +7,7 @@ per-layer copies. Floating-point buffers (BatchNorm running statistics) are view
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
@@ -89,9 +90,15 @@ def _flatten_into_views(tensors: list[Tensor]) -> Tensor:
     """Copies `tensors` into one flat vector and rebinds each tensor's storage to a view of it."""
     if not tensors:
         return torch.zeros(0)
-    flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+    # torch.cat's values, copied in place: on the meta device (the run's declared shapes) torch.cat would import
+    # torch._dynamo, a second of every run's start-up.
+    flat = torch.empty(sum(t.numel() for t in tensors), dtype=functools.reduce(torch.promote_types,
+                                                                               (t.dtype for t in tensors)),
+                       device=tensors[0].device)
     offset = 0
     for tensor in tensors:
-        tensor.data = flat[offset:offset + tensor.numel()].view_as(tensor)
+        view = flat[offset:offset + tensor.numel()]
+        view.copy_(tensor.detach().reshape(-1))
+        tensor.data = view.view_as(tensor)
         offset += tensor.numel()
     return flat
