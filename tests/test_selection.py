@@ -373,6 +373,9 @@ def test_md_draws_numpys_categorical_choice_and_a_kept_cumulative_sum_changes_no
             kept = select("md", AllClients(len(counts)), counts, 25, np.random.default_rng(rng_seed), known=known)
             fresh = select("md", np.arange(len(counts)), counts, 25, np.random.default_rng(rng_seed))
             assert np.array_equal(kept.clients, fresh.clients) and np.array_equal(kept.weights, fresh.weights)
+    with pytest.raises(ValueError, match=r"the candidates' importances do not form a distribution \(their sum is nan\)"), \
+            np.errstate(invalid="ignore"):
+        select("md", np.arange(3), np.zeros(3, dtype=np.int64), 2, np.random.default_rng(0))
     sizes = np.random.default_rng(3).integers(1, 1000, size=500).astype(np.int32)
     sampler = ClientSampler(None, 0, sizes)
     assert sampler.importances([0, 7, 499]) == {client: float(sizes[client] / sizes.sum()) for client in (0, 7, 499)}

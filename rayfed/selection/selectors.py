@@ -47,6 +47,9 @@ class Importances:
     def cumulative(self) -> np.ndarray:
         """p's cumulative sum over its last entry: numpy's own for choice(p=p), whose draws searching it gives."""
         cumulative = self.p.cumsum()
+        if not cumulative[-1] > 0:
+            # numpy's choice refuses such p too; searching it would pick a client of no mass
+            raise ValueError(f"the candidates' importances do not form a distribution (their sum is {cumulative[-1]})")
         cumulative /= cumulative[-1]
         return cumulative
 
