@@ -255,9 +255,11 @@ def test_plateau_callback_named_in_the_config_on_the_ray_engine(tmp_path, ray_cl
 
 
 # The quick-start's records without their wall-clock fields, as the run wrote them before its
-# outputs became callbacks (commit f0dd0e9, ray engine, logging.tensorboard=true): sha256 of the
-# JSON list with sorted keys.
-QUICK_START_RECORDS = "3601d5572a2bb6119d63791529d33122a695dd64a7af5cb5721727ef37018111"
+# outputs became callbacks (commit f0dd0e9, logging.tensorboard=true): sha256 of the JSON list with
+# sorted keys, for each instruction set PyTorch picks its CPU kernels by. Its AVX-512 kernels round
+# the losses differently from its AVX2 ones in the ninth digit; the accuracies are the same.
+QUICK_START_RECORDS = {"AVX2": "3601d5572a2bb6119d63791529d33122a695dd64a7af5cb5721727ef37018111",
+                       "AVX512": "bc4559c9496ca99a43e85b2955ade6959c26063d0b6f4428aea27cac3fa07a5a"}
 
 
 @pytest.mark.slow
@@ -269,7 +271,9 @@ def test_the_built_in_writers_write_the_quick_start_as_before(tmp_path):
                         run_dir=tmp_path / "run", progress=False)
     records = [{key: value for key, value in record.items() if key not in WALL_CLOCK_KEYS}
                for record in lines(result.run_dir)]
-    assert hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest() == QUICK_START_RECORDS
+    capability = torch.backends.cpu.get_cpu_capability()
+    assert capability in QUICK_START_RECORDS, f"no reference records for PyTorch's {capability} kernels"
+    assert hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest() == QUICK_START_RECORDS[capability]
     summary = json.loads((result.run_dir / "summary.json").read_text())
     assert (summary["final_test_accuracy"], summary["best_test_accuracy"], summary["best_round"]) == \
         (0.7597200622083982, 0.7884914463452566, 720)

@@ -155,9 +155,9 @@ class RayClientWorker(MemoryProbe):
     def enact(self, fault: Fault) -> None:
         enact(fault)
 
-    def remove_live_shard(self, storage: StateStorage, num_workers: int, worker_index: int) -> None:
+    def remove_live_shard(self, arguments: WorkerArguments) -> None:
         """The run ended: this worker's live shard of spilled states, on a node the driver may not reach."""
-        storage.remove_files(num_workers, [worker_index])
+        arguments.storage.remove_files(arguments.num_workers, [arguments.worker_index])
 
     def detach(self) -> None:
         """The run ended and a later one may reuse this actor: its worker (clients' states, the run's data) goes,
@@ -491,8 +491,7 @@ class RayEngine:
                 driver_node = ray.get_runtime_context().get_node_id()
                 away = [(handle.actor, arguments) for handle, arguments in zip(self.workers, self.worker_arguments)
                         if _actor_node(handle.actor) != driver_node]
-                ray.wait([actor.remove_live_shard.remote(arguments.storage, arguments.num_workers,
-                                                         arguments.worker_index) for actor, arguments in away],
+                ray.wait([actor.remove_live_shard.remote(arguments) for actor, arguments in away],
                          num_returns=len(away), timeout=LIVE_SHARD_REMOVAL_S)
             kept = self._keep_healthy_actors() if self.reuse and finished else set()
             for actor in self._named_actors().values():
