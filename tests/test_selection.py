@@ -357,7 +357,8 @@ def test_mifa_runs_under_every_selector(tmp_path):
 
 def test_md_draws_numpys_categorical_choice_and_a_kept_cumulative_sum_changes_no_draw():
     """md searches the importances' cumulative sum that numpy's choice(p=...) forms, so its draws are choice's;
-    the sampler keeps all clients' sum between rounds, and a round drawn from the kept one equals a fresh one."""
+    the sampler keeps all clients' sum between rounds, read-only, and a round drawn from the kept one equals a
+    fresh one."""
     from rayfed.selection.sampler import ClientSampler
     from rayfed.selection.selectors import Importances
     from rayfed.systems.availability import AllClients
@@ -368,9 +369,10 @@ def test_md_draws_numpys_categorical_choice_and_a_kept_cumulative_sum_changes_no
         first = np.unique(expected, return_index=True)[1]
         selection = select("md", np.arange(len(counts)), counts, 25, np.random.default_rng(seed))
         assert np.array_equal(selection.clients, expected[np.sort(first)])
-        known = Importances(counts)
+        kept_importances = Importances(counts)
         for rng_seed in (seed, seed + 1):
-            kept = select("md", AllClients(len(counts)), counts, 25, np.random.default_rng(rng_seed), known=known)
+            kept = select("md", AllClients(len(counts)), counts, 25, np.random.default_rng(rng_seed),
+                          kept_importances=kept_importances)
             fresh = select("md", np.arange(len(counts)), counts, 25, np.random.default_rng(rng_seed))
             assert np.array_equal(kept.clients, fresh.clients) and np.array_equal(kept.weights, fresh.weights)
     with pytest.raises(ValueError, match=r"the candidates' importances do not form a distribution \(their sum is nan\)"), \
@@ -379,3 +381,23 @@ def test_md_draws_numpys_categorical_choice_and_a_kept_cumulative_sum_changes_no
     sizes = np.random.default_rng(3).integers(1, 1000, size=500).astype(np.int32)
     sampler = ClientSampler(None, 0, sizes)
     assert sampler.importances([0, 7, 499]) == {client: float(sizes[client] / sizes.sum()) for client in (0, 7, 499)}
+    for kept in (sampler.kept_importances.p, sampler.kept_importances.cumulative):
+        with pytest.raises(ValueError, match="read-only"):
+            kept[0] = 0.5
+
+
+@pytest.mark.parametrize("selector", ["md", "acs", "ucs"])
+def test_nobody_online_draws_nobody_and_the_server_waits_under_every_weighting_selector(selector):
+    import torch
+    from tests.test_server import fake_results, make_server
+    _, server = make_server("systems.availability=markov", "systems.mean_online_s=10", "systems.mean_offline_s=100000",
+                            f"selection.selector={selector}")
+    waited = []
+    for round in range(3):
+        plan = server.sample(round)
+        participants = plan.participants
+        server.step(round, plan, *([fake_results(server, participants, lambda c, b: torch.zeros(b))]
+                                   if participants else []))
+        waited.append((len(participants), server.virtual_time_s))
+    assert [count for count, _ in waited] == [0, 0, 0]
+    assert 0 < waited[0][1] < waited[1][1] < waited[2][1]

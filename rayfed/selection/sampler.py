@@ -22,8 +22,9 @@ class ClientSampler:
         """`selection`: the config's selection section; `client_sizes`: every client's sample count."""
         self.section = selection
         self.seed = seed
-        self.client_sizes = client_sizes
-        self.all_clients = Importances(client_sizes)
+        # The clients' sizes are their importances' counts: one source, which the importances kept for the run
+        # cannot fall behind.
+        self.kept_importances = Importances(client_sizes)
         self.client_order: ClientOrder | None = None
 
     def choose(self, round: int, candidates: np.ndarray, wanted: int) -> Selection:
@@ -31,14 +32,19 @@ class ClientSampler:
         order = self.client_order.order if self.client_order is not None else None
         if isinstance(candidates, AllClients):
             return select(self.section.selector, candidates, self.client_sizes, wanted, rng, self.section.ucs_variant,
-                          order, self.all_clients)
+                          order, self.kept_importances)
         return select(self.section.selector, candidates, self.client_sizes[candidates], wanted, rng,
                       self.section.ucs_variant, order)
+
+    @property
+    def client_sizes(self) -> np.ndarray:
+        """Every client's sample count."""
+        return self.kept_importances.counts
 
     def importances(self, clients: list[int]) -> dict[int, float]:
         """p_i = D_i / sum_j D_j over all clients, of `clients`: what MIFA weights its clients' latest
         updates by under a selector that weights the clients."""
-        importances = self.all_clients.p
+        importances = self.kept_importances.p
         return {client: float(importances[client]) for client in clients}
 
     def needs_warmup(self) -> bool:

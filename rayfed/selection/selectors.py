@@ -13,8 +13,8 @@ A client drawn more than once trains once and carries its count in its weight.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 
@@ -33,17 +33,18 @@ class Selection:
 
 class Importances:
     """The importances p_i = D_i / sum_j D_j of candidates whose sample counts are `counts`, and their cumulative
-    sum, each computed when first asked for. The sampler keeps all clients' across rounds, so a round in which
-    every client is online draws md's clients in O(S), not O(N)."""
+    sum, each computed when first asked for and read-only (the sampler keeps all clients' for the run: a selector
+    that wrote into them would change every later round's draws). Kept, a round in which every client is online
+    draws md's clients in O(S), not O(N)."""
 
     def __init__(self, counts: np.ndarray):
         self.counts = counts
 
-    @cached_property
+    @functools.cached_property
     def p(self) -> np.ndarray:
-        return np.asarray(self.counts, dtype=np.float64) / np.sum(self.counts)
+        return _read_only(np.asarray(self.counts, dtype=np.float64) / np.sum(self.counts))
 
-    @cached_property
+    @functools.cached_property
     def cumulative(self) -> np.ndarray:
         """p's cumulative sum over its last entry: numpy's own for choice(p=p), whose draws searching it gives."""
         cumulative = self.p.cumsum()
@@ -51,15 +52,21 @@ class Importances:
             # numpy's choice refuses such p too; searching it would pick a client of no mass
             raise ValueError(f"the candidates' importances do not form a distribution (their sum is {cumulative[-1]})")
         cumulative /= cumulative[-1]
-        return cumulative
+        return _read_only(cumulative)
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
 
 
 @dataclass(frozen=True)
 class SelectionRequest:
-    """One round's draw: `size` draws (S, the paper's M) among `candidates` (the online clients' ids),
-    whose sample counts are `counts`, from the stream (seed, round); `ucs_variant` (selection.ucs_variant)
-    and `order` (CACS's order of all clients, from its warm-up) for the selectors that use them; `known`: the
-    candidates' Importances where the sampler keeps them between rounds."""
+    """One round's draw: `size` draws (S, the paper's M) among `candidates` (the online clients' ids; none
+    when nobody is online), whose sample counts are `counts`, from the stream (seed, round); `ucs_variant`
+    (selection.ucs_variant) and `order` (CACS's order of all clients, from its warm-up) for the selectors that
+    use them. `kept_importances`: the candidates' Importances, which rayfed's sampler keeps between rounds
+    while every client is online; a selector reads them as `importances` and `cumulative_importances`."""
 
     candidates: np.ndarray
     counts: np.ndarray
@@ -67,7 +74,7 @@ class SelectionRequest:
     rng: np.random.Generator
     ucs_variant: str = "paper"
     order: np.ndarray | None = None
-    known: Importances | None = None
+    kept_importances: Importances | None = None
 
     @property
     def importances(self) -> np.ndarray:
@@ -80,7 +87,7 @@ class SelectionRequest:
         return self._importances().cumulative
 
     def _importances(self) -> Importances:
-        return self.known if self.known is not None else Importances(self.counts)
+        return self.kept_importances if self.kept_importances is not None else Importances(self.counts)
 
 
 def register_selector(name: str, *, warmup: bool = False, unit_weight_sum: bool = True):
@@ -96,13 +103,14 @@ def register_selector(name: str, *, warmup: bool = False, unit_weight_sum: bool 
 
 
 def select(selector: str, candidates: np.ndarray, counts: np.ndarray, size: int, rng: np.random.Generator,
-           ucs_variant: str = "paper", order: np.ndarray | None = None, known: Importances | None = None) -> Selection:
+           ucs_variant: str = "paper", order: np.ndarray | None = None,
+           kept_importances: Importances | None = None) -> Selection:
     """The round's selection by the registered `selector` (see SelectionRequest). rayfed's own
     selectors take the candidates as given (AllClients when everyone is online: they only index it);
     a plugin's get the array of ids its API promises."""
     entry = SELECTORS.get(selector)
     return entry.target(SelectionRequest(candidates if entry.builtin else np.asarray(candidates), counts, size, rng,
-                                         ucs_variant, order, known))
+                                         ucs_variant, order, kept_importances))
 
 
 @register_selector("uniform")
@@ -112,7 +120,19 @@ def _uniform(request: SelectionRequest) -> Selection:
                                                    replace=False)], None)
 
 
+def _drawing_from_someone(selector):
+    """A selector that weights its draws, given no candidates (nobody online): it draws nobody and gives no weights,
+    as `uniform` does, and the server waits (rayfed.systems.clock)."""
+    @functools.wraps(selector)
+    def draw(request: SelectionRequest) -> Selection:
+        if len(request.candidates) == 0:
+            return Selection(np.empty(0, dtype=np.int64), np.empty(0))
+        return selector(request)
+    return draw
+
+
 @register_selector("md")
+@_drawing_from_someone
 def _md(request: SelectionRequest) -> Selection:
     # numpy's choice(len(candidates), size, p=importances), draw for draw, without its pass over p every round
     draws = np.searchsorted(request.cumulative_importances, request.rng.random(request.size), side="right")
@@ -120,11 +140,13 @@ def _md(request: SelectionRequest) -> Selection:
 
 
 @register_selector("acs")
+@_drawing_from_someone
 def _acs(request: SelectionRequest) -> Selection:
     return _counted(request, _draw_columns(acs_columns(request.counts, request.size), request.rng))
 
 
 @register_selector("ucs", unit_weight_sum=False)
+@_drawing_from_someone
 def _ucs(request: SelectionRequest) -> Selection:
     candidates, importances, rng = request.candidates, request.importances, request.rng
     size = min(request.size, len(candidates))
@@ -136,6 +158,7 @@ def _ucs(request: SelectionRequest) -> Selection:
 
 
 @register_selector("cacs", warmup=True)
+@_drawing_from_someone
 def _cacs(request: SelectionRequest) -> Selection:
     order = request.order
     rank = np.empty(len(order), dtype=np.int64)
