@@ -385,19 +385,3 @@ def test_md_draws_numpys_categorical_choice_and_a_kept_cumulative_sum_changes_no
         with pytest.raises(ValueError, match="read-only"):
             kept[0] = 0.5
 
-
-@pytest.mark.parametrize("selector", ["md", "acs", "ucs"])
-def test_nobody_online_draws_nobody_and_the_server_waits_under_every_weighting_selector(selector):
-    import torch
-    from tests.test_server import fake_results, make_server
-    _, server = make_server("systems.availability=markov", "systems.mean_online_s=10", "systems.mean_offline_s=100000",
-                            f"selection.selector={selector}")
-    waited = []
-    for round in range(3):
-        plan = server.sample(round)
-        participants = plan.participants
-        server.step(round, plan, *([fake_results(server, participants, lambda c, b: torch.zeros(b))]
-                                   if participants else []))
-        waited.append((len(participants), server.virtual_time_s))
-    assert [count for count, _ in waited] == [0, 0, 0]
-    assert 0 < waited[0][1] < waited[1][1] < waited[2][1]

@@ -33,6 +33,13 @@ def fake_results(server, sampled, buffers_of):
     return WorkerResult.pack(results)
 
 
+def step_with_zero_uploads(server, round, plan):
+    """The server's step on `plan` with every participant's upload zero (no worker results when nobody took part)."""
+    participants = plan.participants
+    return server.step(round, plan, *([fake_results(server, participants, lambda c, b: torch.zeros(b))]
+                                      if participants else []))
+
+
 def test_sampling_draws_distinct_clients_uniformly_and_reproducibly():
     _, server = make_server()
     counts = np.zeros(20)

@@ -13,7 +13,7 @@ from rayfed.errors import ConfigError
 from rayfed.systems.clients import make_client_systems
 from rayfed.systems.policy import plan_round
 from rayfed.systems.speeds import make_speeds
-from tests.test_server import fake_results
+from tests.test_server import fake_results, step_with_zero_uploads
 from tests.test_server import make_server as make_test_server
 
 BASE = ["engine.backend=local", "data.num_clients=20", "train.clients_per_round=5", "train.rounds=6",
@@ -66,8 +66,7 @@ def test_deadline_rounds_drop_late_clients_and_advance_the_clock_to_the_deadline
         participants, sampled = plan.participants, plan.sampled
         durations = expected_durations(config, server, sampled)
         assert participants == [c for c, t in zip(sampled, durations) if t <= 0.35]
-        metrics, _ = server.step(round, plan, *([fake_results(server, participants, lambda c, b: torch.zeros(b))]
-                                       if participants else []))
+        metrics, _ = step_with_zero_uploads(server, round, plan)
         clock += min(0.35, durations.max())
         assert metrics["virtual_time_s"] == pytest.approx(clock)
         assert (metrics["num_sampled"], metrics["num_participants"], metrics["num_stragglers"]) == \
@@ -94,8 +93,7 @@ def test_only_online_clients_are_sampled_and_a_short_supply_is_taken_whole():
         participants = plan.participants
         assert set(participants) <= online and len(participants) == min(5, len(online))
         short_rounds += len(online) < 5
-        server.step(round, plan, *([fake_results(server, participants, lambda c, b: torch.zeros(b))]
-                             if participants else []))
+        step_with_zero_uploads(server, round, plan)
     assert short_rounds > 0
 
 
@@ -204,15 +202,16 @@ def test_staleness_weight_scales_stale_updates():
     assert not torch.equal(plain.global_params(), weighted.global_params())
 
 
-def test_nobody_online_makes_the_server_wait_instead_of_stalling():
+@pytest.mark.parametrize("selector", ["uniform", "md", "acs", "ucs"])
+def test_nobody_online_makes_the_server_wait_instead_of_stalling(selector):
+    """Under every selector, the weighting ones included: nobody is drawn and the server's clock moves on."""
     config, server = make_server("systems.availability=markov", "systems.mean_online_s=10",
-                                 "systems.mean_offline_s=100000")
+                                 "systems.mean_offline_s=100000", f"selection.selector={selector}")
     times = []
     for round in range(3):
         plan = server.sample(round)
-        participants = plan.participants
-        server.step(round, plan, *([fake_results(server, participants, lambda c, b: torch.zeros(b))]
-                             if participants else []))
+        assert plan.participants == []
+        step_with_zero_uploads(server, round, plan)
         times.append(server.virtual_time_s)
     assert times[0] > 0 and times[0] < times[1] < times[2]
 
