@@ -78,6 +78,8 @@ def test_bench_reports_ratios_phases_and_memory(bench_run):
     assert local["vs_plain"] == pytest.approx(local["round_s"] / rows["plain"]["round_s"])
     assert set(local["phases_s"]) == {"sample", "broadcast", "train", "upload", "server_step", "eval", "other"}
     assert local["phases_s"]["train"] > 0 and local["peak_rss_bytes"] > 2**20
+    # each round's time outside training and the step is at most the round's, so their medians are too
+    assert 0 < local["fixed_cost_s"] <= local["round_s"]
     # PSS (sampled) at most peak RSS; one process each
     for row in (rows["plain"], local):
         assert 2**20 < row["peak_pss_bytes"] <= row["peak_rss_bytes"]
@@ -116,7 +118,9 @@ def test_bad_bench_arguments_fail_with_one_line_before_any_work(tmp_path, capsys
 def test_bench_writes_its_table_as_json(bench_run):
     printed, results = bench_run
     header, = [line for line in printed.splitlines() if "vs plain" in line]
-    assert "RSS MiB  PSS MiB" in header
+    assert "RSS MiB  PSS MiB" in header and "fixed ms  MiB/rnd" in header
+    local_line, = [line for line in printed.splitlines() if line.startswith("local ")]
+    assert local_line.split()[-3] == f"{results['workloads']['tiny']['local']['fixed_cost_s'] * 1e3:.2f}"
     local = results["workloads"]["tiny"]["local"]
     assert local["rounds_per_s"] > 0 and local["peak_pss_bytes"] > 0
 
