@@ -30,11 +30,10 @@ class ClientSampler:
     def choose(self, round: int, candidates: np.ndarray, wanted: int) -> Selection:
         rng = numpy_rng(self.seed, Purpose.SAMPLE_CLIENTS, round)
         order = self.client_order.order if self.client_order is not None else None
-        if isinstance(candidates, AllClients):
-            return select(self.section.selector, candidates, self.client_sizes, wanted, rng, self.section.ucs_variant,
-                          order, self.kept_importances)
-        return select(self.section.selector, candidates, self.client_sizes[candidates], wanted, rng,
-                      self.section.ucs_variant, order)
+        everyone = isinstance(candidates, AllClients)
+        counts = self.client_sizes if everyone else self.client_sizes[candidates]
+        return select(self.section.selector, candidates, counts, wanted, rng, self.section.ucs_variant, order,
+                      self.kept_importances if everyone else None)
 
     @property
     def client_sizes(self) -> np.ndarray:

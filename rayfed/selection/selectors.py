@@ -120,7 +120,7 @@ def _uniform(request: SelectionRequest) -> Selection:
                                                    replace=False)], None)
 
 
-def _drawing_from_someone(selector):
+def _nobody_without_candidates(selector):
     """A selector that weights its draws, given no candidates (nobody online): it draws nobody and gives no weights,
     as `uniform` does, and the server waits (rayfed.systems.clock)."""
     @functools.wraps(selector)
@@ -132,7 +132,7 @@ def _drawing_from_someone(selector):
 
 
 @register_selector("md")
-@_drawing_from_someone
+@_nobody_without_candidates
 def _md(request: SelectionRequest) -> Selection:
     # numpy's choice(len(candidates), size, p=importances), draw for draw, without its pass over p every round
     draws = np.searchsorted(request.cumulative_importances, request.rng.random(request.size), side="right")
@@ -140,13 +140,13 @@ def _md(request: SelectionRequest) -> Selection:
 
 
 @register_selector("acs")
-@_drawing_from_someone
+@_nobody_without_candidates
 def _acs(request: SelectionRequest) -> Selection:
     return _counted(request, _draw_columns(acs_columns(request.counts, request.size), request.rng))
 
 
 @register_selector("ucs", unit_weight_sum=False)
-@_drawing_from_someone
+@_nobody_without_candidates
 def _ucs(request: SelectionRequest) -> Selection:
     candidates, importances, rng = request.candidates, request.importances, request.rng
     size = min(request.size, len(candidates))
@@ -158,7 +158,7 @@ def _ucs(request: SelectionRequest) -> Selection:
 
 
 @register_selector("cacs", warmup=True)
-@_drawing_from_someone
+@_nobody_without_candidates
 def _cacs(request: SelectionRequest) -> Selection:
     order = request.order
     rank = np.empty(len(order), dtype=np.int64)
