@@ -1,10 +1,21 @@
 """engine.vectorize: a worker's clients trained as one batch equal sequential training, within
 the documented tolerance; where the algorithm or model cannot be batched, the run says so and
 trains sequentially."""
+from types import SimpleNamespace
+
 import pytest
 import torch
+from torch import nn
 
-from rayfed.engine.worker import assign_to_workers
+from rayfed.algorithms.base import AlgorithmContext, build_algorithm
+from rayfed.algorithms.local_training import TrainingTask
+from rayfed.config import load_config
+from rayfed.engine import vectorized
+from rayfed.engine.vectorized import BatchedModule, ClientBatchTask, vectorize_blocker
+from rayfed.engine.worker import ClientTask, assign_to_workers
+from rayfed.models import FlatModel, build_model
+from rayfed.models.zoo import lenet5
+from rayfed.seeding import Purpose, seed_global_torch, torch_generator
 from tests.test_engine_equivalence import ON_RAY, assert_same_run, run
 
 # 50-64 samples per client, batches of 32: the second step's batches differ in size between
@@ -40,7 +51,7 @@ def test_vectorized_ray_workers_match_the_local_engine(tmp_path, ray_cluster):
 
 
 @pytest.mark.parametrize("overrides, reason", [
-    (["model.name=mlp", "model.hidden_sizes=[8]"], "BatchNorm1d layers"),
+    (["model.name=mlp", "model.hidden_sizes=[8]"], "BatchNorm1d layers would count the padding of shorter minibatches"),
     (["algorithm.name=mifa"], "algorithm mifa has no batched local step"),
     (["train.local_epochs=1", "train.batch_size=16"], "local epochs give this partition's clients different numbers"),
     (["compression.name=qsgd"], "compressed uploads are encoded client by client"),
@@ -59,3 +70,123 @@ def test_stateless_clients_are_dealt_out_evenly_and_stateful_ones_stay_home():
     assert sorted(c for ids in even.values() for c in ids) == sorted(clients)
     assert sorted(len(ids) for ids in even.values()) == [3, 4]
     assert assign_to_workers(clients, 2, clients_keep_state=True) == {0: [2], 1: [3, 5, 7, 9, 11, 13]}
+
+
+def lenet(cifar_lenet, *overrides):
+    """LeNet-5 (BatchNorm and dropout) on the engine tests' CIFAR files: 20 samples per client, batches of 10."""
+    return [*cifar_lenet, "engine.backend=local", "algorithm.name=fedavg", "algorithm.lr_local=0.05",
+            "train.batch_size=10", "train.local_steps=3", "train.clients_per_round=3", *overrides]
+
+
+class DeclaredOutOfOrder(nn.Module):
+    """BatchNorm layers that run in another order than they are declared, around a dropout layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.late, self.early = nn.BatchNorm1d(10), nn.BatchNorm1d(16)
+        self.fc1, self.dropout, self.fc2 = nn.Linear(3 * 32 * 32, 16), nn.Dropout(0.3), nn.Linear(16, 10)
+
+    def forward(self, images):
+        return self.late(self.fc2(self.dropout(torch.relu(self.early(self.fc1(images.flatten(1)))))))
+
+
+@pytest.mark.parametrize("algorithm, model_name", [("fedavg", "lenet5"), ("stem", "lenet5"), ("fedmos", "lenet5"),
+                                                   ("fedavg", "resnet20"), ("fedavg", "cifar_cnn_ref"),
+                                                   ("fedavg", "out of order")])
+def test_batchnorm_and_dropout_clients_train_batched_as_they_would_alone(algorithm, model_name):
+    """In float64, where BatchNorm's backward does not magnify float32 rounding: each client's model change,
+    loss and running statistics equal its sequential training's, through plain steps, STEM's full gradient
+    and paired passes, and FedMoS's."""
+    torch.manual_seed(0)
+    module = DeclaredOutOfOrder() if model_name == "out of order" else build_model(model_name, (3, 32, 32), 10)
+    model = FlatModel(module.double())
+    start, start_buffers = model.params.clone(), model.buffers.clone()
+    config = load_config(None, [f"algorithm.name={algorithm}", "algorithm.lr_local=0.05", "train.local_steps=3"])
+    algorithm = build_algorithm(config.algorithm, AlgorithmContext.of_run(model, config.train, config.algorithm))
+    samples, clients = 20, [0, 1, 2]
+    inputs, targets = torch.randn(samples * len(clients), 3, 32, 32, dtype=torch.float64), torch.randint(0, 10, (60,))
+
+    def client_task(client):     # batches of 10
+        return ClientTask(model, inputs, targets, torch.arange(client * samples, (client + 1) * samples), 10,
+                          torch_generator(0, Purpose.BATCHES, 0, client))
+    sequential = []
+    for client in clients:
+        seed_global_torch(100 + client, model.device)
+        model.buffers.copy_(start_buffers)
+        upload = algorithm.client_train(TrainingTask(client_task(client), 3), {"params": start}, None)[0]
+        sequential.append((upload.tensors["model_change"].clone(), upload.metrics["train_loss"], model.buffers.clone()))
+    batch = ClientBatchTask(model, BatchedModule(model.module), [client_task(c) for c in clients], start_buffers,
+                            [100 + client for client in clients])
+    upload = algorithm.client_train(TrainingTask(batch, 3), {"params": start}, None)[0]
+    for client, (change, loss, buffers) in enumerate(sequential):
+        torch.testing.assert_close(upload.tensors["model_change"][client], change, rtol=1e-9, atol=1e-12)
+        assert float(upload.metrics["train_loss"][client]) == pytest.approx(loss, rel=1e-12)
+        torch.testing.assert_close(batch.buffers()[client], buffers, rtol=1e-12, atol=1e-12)
+        assert start_buffers.numel() == 0 or not torch.equal(buffers, start_buffers)
+
+
+def test_batchnorm_and_dropout_runs_carry_each_clients_statistics(tmp_path, cifar_lenet):
+    """The same in float32 runs, uploads and partial sums: the server averages the clients' own running
+    statistics. Within float32's rounding magnified by BatchNorm (a different seed moves the models 1e-2 apart)."""
+    overrides = lenet(cifar_lenet, "train.rounds=3")
+    sequential = run(tmp_path, overrides, "sequential")
+    for extra in ([], ["engine.partial_sums=true"]):
+        batched = run(tmp_path, overrides + extra + ["engine.vectorize=true"], "vectorized" + "".join(extra))
+        assert batched.summary["vectorized"]
+        torch.testing.assert_close(batched.params, sequential.params, rtol=0, atol=1e-2)
+        torch.testing.assert_close(batched.buffers, sequential.buffers, rtol=0, atol=1e-2)
+
+
+@pytest.mark.parametrize("algorithm, draw_of_forward", [
+    ("fedavg", lambda forward: forward),
+    # STEM's first round: a full local gradient (one pass), then per step two passes with the same masks.
+    ("stem", lambda forward: 0 if forward == 0 else (forward + 1) // 2),
+])
+def test_batched_clients_draw_the_dropout_masks_of_their_sequential_training(tmp_path, cifar_lenet, monkeypatch,
+                                                                          algorithm, draw_of_forward):
+    overrides = lenet(cifar_lenet, "train.rounds=1", f"algorithm.name={algorithm}")
+    passes = []        # sequential training: each dropout layer's (input, output), in train mode
+    dropout = nn.Dropout.forward
+
+    def recording(layer, inputs):
+        outputs = dropout(layer, inputs)
+        if layer.training:
+            passes.append((inputs.detach().clone(), outputs.detach().clone()))
+        return outputs
+    monkeypatch.setattr(nn.Dropout, "forward", recording)
+    run(tmp_path, overrides, "sequential")
+    monkeypatch.undo()
+    draws = []         # batched training: each draw's masks, one stack over the clients per dropout layer
+    draw_masks = vectorized.ClientBatchTask._draw_masks
+
+    def kept(task, *args):
+        masks = draw_masks(task, *args)
+        draws.append(masks)
+        return masks
+    monkeypatch.setattr(vectorized.ClientBatchTask, "_draw_masks", kept)
+    run(tmp_path, overrides + ["engine.vectorize=true"], "vectorized")
+    layers, clients = len(draws[0]), draws[0][0].shape[0]
+    forwards = len(passes) // (layers * clients)
+    assert clients == 3 and draw_of_forward(forwards - 1) == len(draws) - 1
+    for index, (inputs, outputs) in enumerate(passes):
+        client, forward, layer = index // (forwards * layers), index // layers % forwards, index % layers
+        mask = draws[draw_of_forward(forward)][layer][client]
+        nonzero = inputs != 0
+        assert torch.equal(outputs[nonzero] != 0, mask[nonzero] != 0)
+
+
+@pytest.mark.parametrize("module, sizes_differ, reason", [
+    (nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)), True,
+     "the model's BatchNorm1d layers would count the padding of shorter minibatches in their statistics: "
+     "this partition's clients hold different numbers of samples"),
+    (nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4, momentum=None)), False,
+     "the model has BatchNorm1d layers, whose per-client statistics and random streams a batched computation "
+     "does not reproduce"),
+    (nn.Sequential(nn.Conv2d(1, 2, 3), nn.InstanceNorm2d(2), nn.Dropout2d(0.5)), False,
+     "the model has Dropout2d, InstanceNorm2d layers, whose per-client statistics and random streams a batched "
+     "computation does not reproduce"),
+    (lenet5((3, 32, 32), 10), False, None),
+])
+def test_which_layers_batch(module, sizes_differ, reason):
+    assert vectorize_blocker("fedavg", SimpleNamespace(vectorizable=True), module,
+                             sizes_differ_between_clients=sizes_differ) == reason

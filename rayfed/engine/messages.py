@@ -111,12 +111,12 @@ class WorkerResult(ShippedAsNumpy):
 
     @classmethod
     def from_stacked(cls, client_ids: list[int], upload: Upload, buffers: Tensor) -> "WorkerResult":
-        """From a vectorised upload (tensors and metrics stacked over `client_ids`); every client
-        keeps the broadcast's buffers, since vectorised models have no BatchNorm statistics."""
+        """From a vectorised upload (tensors and metrics stacked over `client_ids`) and the clients'
+        running statistics (rows of `buffers`)."""
         return cls(client_ids=list(client_ids), num_samples=list(upload.num_samples),
                    metrics=unstacked_metrics(upload.metrics, len(client_ids)),
                    tensors={name: stacked.cpu() for name, stacked in upload.tensors.items()},
-                   buffers=buffers.cpu().expand(len(client_ids), -1).clone())
+                   buffers=buffers.cpu())
 
     def to(self, device: torch.device) -> "WorkerResult":
         return WorkerResult(self.client_ids, self.num_samples, self.metrics,

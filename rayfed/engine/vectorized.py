@@ -4,10 +4,12 @@ ClientBatchTask implements the ClientTask protocol with a leading client dimensi
 are (clients, d), a batch is every client's next minibatch stacked, and the gradient is taken
 per client with torch.func.vmap. An algorithm whose local step is written with broadcasting
 ops (FedAvgM's local_sgd) then trains all clients at once, unchanged. Each client keeps its own
-parameters, minibatch stream and sample count, so results equal sequential training up to
-floating-point reordering inside the batched kernels.
+parameters, minibatch stream, sample count, BatchNorm running statistics and dropout stream, so
+results equal sequential training up to floating-point reordering inside the batched kernels.
 """
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.nn.functional as F
@@ -18,15 +20,13 @@ from torch.nn.utils.rnn import pad_sequence
 from rayfed.algorithms.base import Algorithm
 from rayfed.models import FlatModel
 
-# Layers whose behaviour couples a client's samples or draws randomness: vmap cannot keep
-# per-client BatchNorm statistics or reproduce each client's dropout stream.
-_UNVECTORIZABLE_LAYERS = (nn.modules.batchnorm._NormBase, nn.modules.dropout._DropoutNd)
 # Samples per forward pass of a full local gradient: bounds its memory whatever a client holds.
 FULL_GRADIENT_CHUNK = 1024
 
 
 def vectorize_blocker(algorithm_name: str, algorithm: Algorithm, module: nn.Module,
-                      steps_differ_between_clients: bool = False, compressed: bool = False) -> str | None:
+                      steps_differ_between_clients: bool = False, compressed: bool = False,
+                      sizes_differ_between_clients: bool = False) -> str | None:
     """Why this algorithm and model cannot train clients as one batch; None when they can."""
     if not algorithm.vectorizable:
         return f"algorithm {algorithm_name} has no batched local step (its clients keep state or correct their steps)"
@@ -35,26 +35,159 @@ def vectorize_blocker(algorithm_name: str, algorithm: Algorithm, module: nn.Modu
     if steps_differ_between_clients:
         return ("local epochs give this partition's clients different numbers of local steps, which one "
                 "batched computation does not take")
-    layers = sorted({type(layer).__name__ for layer in module.modules() if isinstance(layer, _UNVECTORIZABLE_LAYERS)})
+    layers = sorted({type(layer).__name__ for layer in module.modules() if _unbatchable(layer)})
     if layers:
         return (f"the model has {', '.join(layers)} layers, whose per-client statistics and random streams "
                 f"a batched computation does not reproduce")
+    norms = sorted({type(layer).__name__ for layer in module.modules()
+                    if isinstance(layer, nn.modules.batchnorm._BatchNorm)})
+    if norms and sizes_differ_between_clients:
+        return (f"the model's {', '.join(norms)} layers would count the padding of shorter minibatches in their "
+                f"statistics: this partition's clients hold different numbers of samples")
     return None
+
+
+def _unbatchable(layer: nn.Module) -> bool:
+    """Normalisation other than BatchNorm with a running average, and dropout other than nn.Dropout's
+    element-wise masks (Dropout2d's masks are per channel): BatchedModule rebuilds neither."""
+    if isinstance(layer, nn.modules.batchnorm._BatchNorm):
+        return layer.momentum is None        # a cumulative average counts batches across clients
+    if isinstance(layer, nn.modules.batchnorm._NormBase):
+        return True
+    return isinstance(layer, nn.modules.dropout._DropoutNd) and type(layer) is not nn.Dropout
+
+
+class BatchStatistics(nn.Module):
+    """A BatchNorm layer in train mode that normalises with its batch's statistics and reports them
+    (mean, unbiased variance) as `reported[index]` instead of updating its running statistics in place,
+    which a function under torch.func.grad cannot do to a tensor it does not differentiate. `index`
+    is None for a layer that keeps no running statistics."""
+
+    def __init__(self, norm: nn.modules.batchnorm._BatchNorm, reported: dict, index: int | None):
+        super().__init__()
+        self.weight, self.bias = norm.weight, norm.bias      # the same parameter names as the layer's
+        self.eps = norm.eps
+        self.reported = reported
+        self.index = index
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        if self.index is not None:
+            dims = [0, *range(2, inputs.dim())]
+            detached = inputs.detach()
+            self.reported[self.index] = (detached.mean(dims), detached.var(dims, correction=1))
+        return F.batch_norm(inputs, None, None, self.weight, self.bias, True, 0.0, self.eps)
+
+
+class MaskedDropout(nn.Module):
+    """nn.Dropout with its mask, already scaled by 1 / (1 - p), given as the buffer `mask`: under
+    vmap one draw cannot come from each client's own stream, so the masks are drawn beforehand."""
+
+    def __init__(self, p: float, recorded_shapes: list | None = None):
+        super().__init__()
+        self.p = p
+        self.register_buffer("mask", torch.empty(0), persistent=False)
+        self.recorded_shapes = recorded_shapes
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        if self.recorded_shapes is not None:
+            self.recorded_shapes.append(tuple(inputs.shape))
+            return inputs
+        return inputs * self.mask
+
+
+class BatchedModule:
+    """The model as vmap trains it: BatchNorm layers as BatchStatistics, nn.Dropout layers as
+    MaskedDropout, the parameters those of the worker's resident model."""
+
+    def __init__(self, module: nn.Module):
+        self.reported: dict[int, tuple[Tensor, Tensor]] = {}
+        self.module = _rebuilt(copy.deepcopy(module), self.reported)
+        buffer_offsets, offset = {}, 0
+        for name, buffer in module.named_buffers():
+            if buffer.is_floating_point():
+                buffer_offsets[name] = offset
+                offset += buffer.numel()
+        # Where each tracking BatchNorm layer's running mean and variance sit in FlatModel.buffers (BatchStatistics.index).
+        self.running = [(buffer_offsets[f"{name}.running_mean"], buffer_offsets[f"{name}.running_var"],
+                         layer.num_features, layer.momentum)
+                        for name, layer in module.named_modules()
+                        if isinstance(layer, nn.modules.batchnorm._BatchNorm) and layer.track_running_stats]
+        self.dropouts = [name for name, layer in self.module.named_modules() if isinstance(layer, MaskedDropout)]
+        self.dropout_rates = [layer.p for layer in self.module.modules() if isinstance(layer, MaskedDropout)]
+        # The same layers on the meta device, recording the activations' shapes at each dropout layer.
+        self.recorded_shapes: list[tuple[int, ...]] = []
+        self.probe = _rebuilt(copy.deepcopy(module).to("meta"), {}, self.recorded_shapes)
+        self.dropout_shapes: dict[tuple, list[tuple[int, ...]]] = {}
+
+    def __call__(self, named: dict[str, Tensor], inputs: Tensor,
+                 masks: tuple[Tensor, ...]) -> tuple[Tensor, tuple[tuple[Tensor, Tensor], ...]]:
+        """Logits and each tracking BatchNorm layer's (mean, variance) of this batch, in `running`'s order."""
+        named = {**named, **{f"{name}.mask": mask for name, mask in zip(self.dropouts, masks)}}
+        logits = functional_call(self.module, named, (inputs,))
+        statistics = tuple(self.reported[index] for index in range(len(self.running)))
+        self.reported.clear()     # tensors of a transform's levels, invalid once it returns
+        return logits, statistics
+
+    def masks_shapes(self, inputs: Tensor) -> list[tuple[int, ...]]:
+        """The shape of one client's activations at each dropout layer for one client's `inputs`, from a
+        pass on the meta device."""
+        key = (tuple(inputs.shape), inputs.dtype)
+        if key not in self.dropout_shapes:
+            with torch.no_grad():
+                self.probe(torch.empty(inputs.shape, dtype=inputs.dtype, device="meta"))
+            self.dropout_shapes[key] = list(self.recorded_shapes)
+            self.recorded_shapes.clear()
+        return self.dropout_shapes[key]
+
+    def track(self, buffers: Tensor, statistics: tuple[tuple[Tensor, Tensor], ...]) -> None:
+        """Moves each client's running statistics (rows of `buffers`) towards its batch's, as BatchNorm does."""
+        for (mean_at, var_at, width, momentum), (mean, var) in zip(self.running, statistics):
+            buffers[:, mean_at:mean_at + width].mul_(1 - momentum).add_(mean, alpha=momentum)
+            buffers[:, var_at:var_at + width].mul_(1 - momentum).add_(var, alpha=momentum)
+
+
+def _rebuilt(module: nn.Module, reported: dict, recorded_shapes: list | None = None) -> nn.Module:
+    """`module` with its BatchNorm and nn.Dropout layers replaced in place (BatchedModule); the tracking
+    BatchNorm layers numbered in named_modules' order."""
+    tracking = [layer for layer in module.modules()
+                if isinstance(layer, nn.modules.batchnorm._BatchNorm) and layer.track_running_stats]
+    for parent in list(module.modules()):
+        for name, child in parent.named_children():
+            if isinstance(child, nn.modules.batchnorm._BatchNorm):
+                index = next((i for i, layer in enumerate(tracking) if layer is child), None)
+                setattr(parent, name, BatchStatistics(child, reported, index))
+            elif isinstance(child, nn.Dropout):
+                setattr(parent, name, MaskedDropout(child.p, recorded_shapes))
+    return module
 
 
 class ClientBatchTask:
     """Clients' local problems for one round, stacked (implements algorithms.base.ClientTask)."""
 
-    def __init__(self, model: FlatModel, client_tasks: list):
+    def __init__(self, model: FlatModel, batched: BatchedModule, client_tasks: list, buffers: Tensor,
+                 dropout_seeds: list[int]):
+        """`buffers`: the broadcast running statistics every client starts from; `dropout_seeds`: each
+        client's dropout stream, as its sequential training seeds the default generator."""
         self.model = model
+        self.batched = batched
         self.client_tasks = client_tasks
         self.num_samples = [task.num_samples for task in client_tasks]
         self.shapes = [(name, parameter.shape, parameter.numel()) for name, parameter
                        in model.module.named_parameters() if parameter.requires_grad]
-        self.per_client_grad = vmap(grad_and_value(self._loss))
+        self.per_client_grad = vmap(grad_and_value(self._loss, has_aux=True))
+        self.stacked_buffers = buffers.expand(len(client_tasks), -1).clone()
+        # Running statistics move only in passes at the clients' own parameters, as in ClientTask._at.
+        self.resident: Tensor | None = None
+        self.generator = _default_generator(model.device)
+        self.dropout_states = self._seeded_states(dropout_seeds) if batched.dropouts else []
 
     def start_from(self, params: Tensor) -> Tensor:
-        return params.expand(len(self.client_tasks), -1).clone()
+        self.resident = params.expand(len(self.client_tasks), -1).clone()
+        return self.resident
+
+    def buffers(self) -> Tensor:
+        """Each client's running statistics, (clients, number of buffer entries)."""
+        return self.stacked_buffers.clone()
 
     def next_batch(self) -> tuple[Tensor, Tensor, Tensor]:
         """Every client's next minibatch, padded to the longest with weight-0 rows: clients whose
@@ -77,17 +210,18 @@ class ClientBatchTask:
         return inputs, task.train_y[padded], weights.to(torch.float32)     # float even for token inputs
 
     def loss_and_grad(self, params: Tensor, batch: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-        grads, losses = self.per_client_grad(params, *batch)
-        return losses.detach(), grads
+        return self._pass(params, batch, self._draw_masks(batch[0][0]))
 
     def paired_loss_and_grad(self, current: Tensor, previous: Tensor,
                              batch: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-        # No dropout here (vectorize_blocker): the two passes differ only in where they are taken.
-        loss, grad = self.loss_and_grad(current, batch)
-        return loss, grad, self.loss_and_grad(previous, batch)[1]
+        """Both passes with the same dropout masks, as ClientTask.paired_loss_and_grad."""
+        masks = self._draw_masks(batch[0][0])
+        loss, grad = self._pass(current, batch, masks)
+        return loss, grad, self._pass(previous, batch, masks)[1]
 
     def full_loss_and_grad(self, params: Tensor) -> tuple[Tensor, Tensor]:
-        """Each client's mean loss and gradient over all its samples, FULL_GRADIENT_CHUNK columns at a time."""
+        """Each client's mean loss and gradient over all its samples, FULL_GRADIENT_CHUNK columns at a time;
+        running statistics are left as they were."""
         rows = [task.sample_indices for task in self.client_tasks]
         counts = torch.tensor([len(r) for r in rows], device=params.device, dtype=params.dtype)
         loss_sum = torch.zeros(len(rows), dtype=torch.float64, device=params.device)
@@ -96,16 +230,60 @@ class ClientBatchTask:
             chunk = [r[start:start + FULL_GRADIENT_CHUNK] for r in rows]
             present = [i for i, c in enumerate(chunk) if len(c)]
             inputs, targets, weights = self._stacked([chunk[i] for i in present], augment=False)
-            losses, grads = self.loss_and_grad(params[present], (inputs, targets, weights))
+            masks = self._draw_masks(inputs[0], present)
+            grads, (losses, _) = self.per_client_grad(params[present], inputs, targets, weights, masks)
             sizes = weights.sum(dim=1)
-            loss_sum[present] += losses.double() * sizes.double()
+            loss_sum[present] += losses.detach().double() * sizes.double()
             grad_sum[present] += grads * sizes[:, None]
         return (loss_sum / counts.double()).float(), grad_sum.div_(counts[:, None])
 
-    def _loss(self, flat: Tensor, inputs: Tensor, targets: Tensor, weights: Tensor) -> Tensor:
+    def _pass(self, params: Tensor, batch: tuple[Tensor, Tensor, Tensor],
+              masks: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+        (grads, (losses, statistics)) = self.per_client_grad(params, *batch, masks)
+        if params is self.resident:
+            self.batched.track(self.stacked_buffers, statistics)
+        return losses.detach(), grads
+
+    def _loss(self, flat: Tensor, inputs: Tensor, targets: Tensor, weights: Tensor,
+              masks: tuple[Tensor, ...]) -> tuple[Tensor, tuple]:
         named, offset = {}, 0
         for name, shape, size in self.shapes:
             named[name] = flat[offset:offset + size].view(shape)
             offset += size
-        losses = F.cross_entropy(functional_call(self.model.module, named, (inputs,)), targets, reduction="none")
-        return (losses * weights).sum() / weights.sum()
+        logits, statistics = self.batched(named, inputs, masks)
+        losses = F.cross_entropy(logits, targets, reduction="none")
+        return (losses * weights).sum() / weights.sum(), statistics
+
+    def _seeded_states(self, seeds: list[int]) -> list[Tensor]:
+        saved = self.generator.get_state()
+        states = []
+        for seed in seeds:
+            self.generator.manual_seed(seed)
+            states.append(self.generator.get_state())
+        self.generator.set_state(saved)
+        return states
+
+    def _draw_masks(self, client_inputs: Tensor, clients: list[int] | None = None) -> tuple[Tensor, ...]:
+        """Each dropout layer's masks for one pass of `clients` (default all) over batches shaped as
+        `client_inputs`, stacked over the clients: each client's from its own stream, by F.dropout on ones
+        of its activations' shape, so that they are the masks the client's sequential pass would draw."""
+        if not self.dropout_states:
+            return ()
+        shapes = self.batched.masks_shapes(client_inputs)
+        dtype, device = self.model.params.dtype, self.model.device
+        saved = self.generator.get_state()
+        per_layer = [[] for _ in shapes]
+        for client in (range(len(self.client_tasks)) if clients is None else clients):
+            self.generator.set_state(self.dropout_states[client])
+            for masks, shape, rate in zip(per_layer, shapes, self.batched.dropout_rates):
+                masks.append(F.dropout(torch.ones(shape, dtype=dtype, device=device), rate, training=True))
+            self.dropout_states[client] = self.generator.get_state()
+        self.generator.set_state(saved)
+        return tuple(torch.stack(masks) for masks in per_layer)
+
+
+def _default_generator(device: torch.device) -> torch.Generator:
+    """The generator dropout draws from on `device` (seeded per client by seeding.seed_global_torch)."""
+    if device.type != "cuda":
+        return torch.default_generator
+    return torch.cuda.default_generators[torch.cuda.current_device() if device.index is None else device.index]

@@ -23,7 +23,7 @@ from rayfed.engine.gpu_share import gpu_identity
 from rayfed.engine.messages import Broadcast, ClientResult, WorkerResult, WorkerSums, WorkerTiming
 from rayfed.engine.process_memory import peak_rss
 from rayfed.engine.state_store import IN_MEMORY, StateStorage, open_store
-from rayfed.engine.vectorized import FULL_GRADIENT_CHUNK, ClientBatchTask
+from rayfed.engine.vectorized import FULL_GRADIENT_CHUNK, BatchedModule, ClientBatchTask
 from rayfed.errors import ConfigError, first_line
 from rayfed.models import FlatModel, build_model
 from rayfed.models.forward import ModelForward
@@ -174,6 +174,8 @@ class ClientWorker:
         self.codec = Codec(config.compression, self.algorithm.compressed_upload, self.model.blocks,
                            self.model.num_params, config.seed)
         self.schedule = LocalSchedule.from_config(config.train)
+        # engine.vectorize: the model as a batched computation trains it, kept across rounds with its dropout shapes.
+        self.batched = BatchedModule(self.model.module) if config.engine.vectorize else None
         # Created on a client's first participation, so clients that never train cost nothing; in
         # memory, or spilled to this worker's shard file (engine.state_memory_mb).
         self.client_states = open_store(storage, self.algorithm, config.algorithm.name,
@@ -204,11 +206,11 @@ class ClientWorker:
         buffers = down.buffers.to(self.device)
         # engine.partial_sums: the clients' uploads go as their exact sums, weighted as the server averages them.
         weighting = self.config.algorithm.agg_weighting if self.config.engine.partial_sums else None
-        if self.config.engine.vectorize:
-            upload = self._train_clients_together(round, client_ids, tensors, seed)
+        if self.batched is not None:
+            upload, client_buffers = self._train_clients_together(round, client_ids, tensors, buffers, seed)
             trained = time.perf_counter()
-            packed = (WorkerResult.from_stacked(client_ids, upload, buffers) if weighting is None else
-                      WorkerSums.from_stacked(client_ids, upload, buffers.expand(len(client_ids), -1), weighting))
+            packed = (WorkerResult.from_stacked(client_ids, upload, client_buffers) if weighting is None else
+                      WorkerSums.from_stacked(client_ids, upload, client_buffers, weighting))
         else:
             results = [self._train_client(round, client_id, tensors, buffers, seed) for client_id in client_ids]
             trained = time.perf_counter()
@@ -264,17 +266,19 @@ class ClientWorker:
         return ClientResult(client_id, upload, self.model.buffers.cpu().clone())
 
     def _train_clients_together(self, round: int, client_ids: list[int], tensors: dict[str, Tensor],
-                                seed: int) -> Upload:
-        """engine.vectorize: one batched local training for all of `client_ids` (stateless
-        algorithms on models without BatchNorm or dropout, checked before the run starts).
-        The upload's tensors and metrics are stacked in `client_ids` order."""
+                                buffers: Tensor, seed: int) -> tuple[Upload, Tensor]:
+        """engine.vectorize: one batched local training for all of `client_ids` (stateless algorithms, checked
+        before the run starts). The upload's tensors and metrics, and the clients' running statistics
+        (clients, buffer entries), are stacked in `client_ids` order."""
         tasks = [self._client_task(round, client_id, seed, rows)
                  for client_id, rows in zip(client_ids, self.clients.materialise(client_ids))]
+        batch = ClientBatchTask(self.model, self.batched, tasks, buffers,
+                                [derive_seed(seed, Purpose.DROPOUT, round, client_id) for client_id in client_ids])
         # Every client takes the same number of steps here: vectorize_blocker refuses partitions where they differ.
-        task = self._training_task(ClientBatchTask(self.model, tasks), round, tasks[0].num_samples)
+        task = self._training_task(batch, round, tasks[0].num_samples)
         upload = self.algorithm.client_train(task, tensors, None)[0]
         upload.metrics["local_steps"] = torch.full((len(tasks),), task.steps)
-        return upload
+        return upload, batch.buffers()
 
     def _client_task(self, round: int, client_id: int, seed: int, rows: ClientRows | None = None) -> ClientTask:
         """The client's task on its samples: `rows` when the round's clients were made together."""
