@@ -113,8 +113,7 @@ def vgg11(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
 def cnn8(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """A small CNN for the 8x8 UCI digits: two 3x3 conv blocks with BN, each halving the side, then
     FC 64. d = 13,802 on 1x8x8 with 10 classes; larger images only widen the first Linear. No
-    dropout, so that nothing but its BatchNorm keeps engine.vectorize from batching it. Blocks: conv1 |
-    conv2 | fc1 | fc2."""
+    dropout. Blocks: conv1 | conv2 | fc1 | fc2."""
     channels, height, width = _image_shape(input_shape)
     if height < 8 or width < 8:
         raise ConfigError(f"model.name=cnn8 needs images of at least 8x8, got {height}x{width}")
