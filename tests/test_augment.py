@@ -81,7 +81,8 @@ def test_augment_needs_image_data():
 
 @pytest.fixture(scope="module")
 def cifar_logreg(cifar_lenet):
-    """The engine tests' CIFAR files, with a model that engine.vectorize takes (no BatchNorm, no dropout)."""
+    """The engine tests' CIFAR files, with logistic regression: a model engine.vectorize takes whatever the
+    clients' sizes."""
     return cifar_lenet + ["train.local_steps=3", "model.name=logreg", "algorithm.name=fedavg",
                           "algorithm.lr_local=0.05"]
 

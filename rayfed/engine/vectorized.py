@@ -5,11 +5,14 @@ are (clients, d), a batch is every client's next minibatch stacked, and the grad
 per client with torch.func.vmap. An algorithm whose local step is written with broadcasting
 ops (FedAvgM's local_sgd) then trains all clients at once, unchanged. Each client keeps its own
 parameters, minibatch stream, sample count, BatchNorm running statistics and dropout stream, so
-results equal sequential training up to floating-point reordering inside the batched kernels.
+results equal sequential training up to floating-point reordering inside the batched kernels (BatchNorm
+and dropout models batch only where every client holds the same number of samples).
 """
 from __future__ import annotations
 
 import copy
+from collections import deque
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -39,11 +42,12 @@ def vectorize_blocker(algorithm_name: str, algorithm: Algorithm, module: nn.Modu
     if layers:
         return (f"the model has {', '.join(layers)} layers, whose per-client statistics and random streams "
                 f"a batched computation does not reproduce")
-    norms = sorted({type(layer).__name__ for layer in module.modules()
-                    if isinstance(layer, nn.modules.batchnorm._BatchNorm)})
-    if norms and sizes_differ_between_clients:
-        return (f"the model's {', '.join(norms)} layers would count the padding of shorter minibatches in their "
-                f"statistics: this partition's clients hold different numbers of samples")
+    sized = sorted({type(layer).__name__ for layer in module.modules()
+                    if isinstance(layer, (nn.modules.batchnorm._BatchNorm, nn.Dropout))})
+    if sized and sizes_differ_between_clients:
+        return (f"the model's {', '.join(sized)} layers need every client's minibatch of one size (BatchNorm's "
+                f"statistics would count padding rows, and dropout would draw masks for them): this partition's "
+                f"clients hold different numbers of samples")
     return None
 
 
@@ -57,42 +61,63 @@ def _unbatchable(layer: nn.Module) -> bool:
     return isinstance(layer, nn.modules.dropout._DropoutNd) and type(layer) is not nn.Dropout
 
 
+@dataclass
+class Layout:
+    """What one pass calls, in call order: each dropout call's (rate, shape of one client's activations)
+    and the index (in BatchedModule.running) of each call of a BatchNorm layer that keeps running statistics."""
+
+    dropouts: list[tuple[float, tuple[int, ...]]] = field(default_factory=list)
+    norms: list[int] = field(default_factory=list)
+
+
+class PassState:
+    """What the rebuilt layers of one model share during a pass: the dropout masks still to apply and the
+    batch statistics reported so far, both in call order; while `layout` is set (a probe on the meta
+    device), the layers record what they are called with there instead."""
+
+    def __init__(self):
+        self.masks: deque[Tensor] = deque()
+        self.statistics: list[tuple[Tensor, Tensor]] = []
+        self.layout: Layout | None = None
+
+
 class BatchStatistics(nn.Module):
     """A BatchNorm layer in train mode that normalises with its batch's statistics and reports them
-    (mean, unbiased variance) as `reported[index]` instead of updating its running statistics in place,
-    which a function under torch.func.grad cannot do to a tensor it does not differentiate. `index`
-    is None for a layer that keeps no running statistics."""
+    (mean, unbiased variance) instead of updating its running statistics in place, which a function
+    under torch.func.grad cannot do to a tensor it does not differentiate. `index` is None for a
+    layer that keeps no running statistics."""
 
-    def __init__(self, norm: nn.modules.batchnorm._BatchNorm, reported: dict, index: int | None):
+    def __init__(self, norm: nn.modules.batchnorm._BatchNorm, state: PassState, index: int | None):
         super().__init__()
         self.weight, self.bias = norm.weight, norm.bias      # the same parameter names as the layer's
         self.eps = norm.eps
-        self.reported = reported
+        self.state = state
         self.index = index
 
     def forward(self, inputs: Tensor) -> Tensor:
-        if self.index is not None:
+        if self.index is not None and self.state.layout is not None:
+            self.state.layout.norms.append(self.index)
+        elif self.index is not None:
             dims = [0, *range(2, inputs.dim())]
             detached = inputs.detach()
-            self.reported[self.index] = (detached.mean(dims), detached.var(dims, correction=1))
+            self.state.statistics.append((detached.mean(dims), detached.var(dims, correction=1)))
         return F.batch_norm(inputs, None, None, self.weight, self.bias, True, 0.0, self.eps)
 
 
 class MaskedDropout(nn.Module):
-    """nn.Dropout with its mask, already scaled by 1 / (1 - p), given as the buffer `mask`: under
-    vmap one draw cannot come from each client's own stream, so the masks are drawn beforehand."""
+    """nn.Dropout applying the pass's next mask, already scaled by 1 / (1 - p): under vmap one draw
+    cannot come from each client's own stream, so the masks are drawn beforehand, one per call."""
 
-    def __init__(self, p: float, recorded_shapes: list | None = None):
+    def __init__(self, p: float, state: PassState):
         super().__init__()
         self.p = p
-        self.register_buffer("mask", torch.empty(0), persistent=False)
-        self.recorded_shapes = recorded_shapes
+        self.state = state
 
     def forward(self, inputs: Tensor) -> Tensor:
-        if self.recorded_shapes is not None:
-            self.recorded_shapes.append(tuple(inputs.shape))
+        if self.state.layout is not None:
+            self.state.layout.dropouts.append((self.p, tuple(inputs.shape)))
             return inputs
-        return inputs * self.mask
+        return inputs * self.state.masks.popleft()
 
 
 class BatchedModule:
@@ -100,8 +125,8 @@ class BatchedModule:
     MaskedDropout, the parameters those of the worker's resident model."""
 
     def __init__(self, module: nn.Module):
-        self.reported: dict[int, tuple[Tensor, Tensor]] = {}
-        self.module = _rebuilt(copy.deepcopy(module), self.reported)
+        self.state = PassState()
+        self.module = _rebuilt(copy.deepcopy(module), self.state)
         buffer_offsets, offset = {}, 0
         for name, buffer in module.named_buffers():
             if buffer.is_floating_point():
@@ -112,41 +137,42 @@ class BatchedModule:
                          layer.num_features, layer.momentum)
                         for name, layer in module.named_modules()
                         if isinstance(layer, nn.modules.batchnorm._BatchNorm) and layer.track_running_stats]
-        self.dropouts = [name for name, layer in self.module.named_modules() if isinstance(layer, MaskedDropout)]
-        self.dropout_rates = [layer.p for layer in self.module.modules() if isinstance(layer, MaskedDropout)]
-        # The same layers on the meta device, recording the activations' shapes at each dropout layer.
-        self.recorded_shapes: list[tuple[int, ...]] = []
-        self.probe = _rebuilt(copy.deepcopy(module).to("meta"), {}, self.recorded_shapes)
-        self.dropout_shapes: dict[tuple, list[tuple[int, ...]]] = {}
+        self.draws_masks = any(isinstance(layer, MaskedDropout) for layer in self.module.modules())
+        # The same layers on the meta device, whose passes record the Layout of a batch shape.
+        self.probe_state = PassState()
+        self.probe = _rebuilt(copy.deepcopy(module).to("meta"), self.probe_state)
+        self.layouts: dict[tuple, Layout] = {}
 
     def __call__(self, named: dict[str, Tensor], inputs: Tensor,
                  masks: tuple[Tensor, ...]) -> tuple[Tensor, tuple[tuple[Tensor, Tensor], ...]]:
-        """Logits and each tracking BatchNorm layer's (mean, variance) of this batch, in `running`'s order."""
-        named = {**named, **{f"{name}.mask": mask for name, mask in zip(self.dropouts, masks)}}
+        """Logits, with `masks` applied in dropout-call order, and the (mean, variance) of each call of a
+        tracking BatchNorm layer, in call order (Layout.norms)."""
+        self.state.masks = deque(masks)
         logits = functional_call(self.module, named, (inputs,))
-        statistics = tuple(self.reported[index] for index in range(len(self.running)))
-        self.reported.clear()     # tensors of a transform's levels, invalid once it returns
+        statistics = tuple(self.state.statistics)
+        self.state.statistics = []     # tensors of a transform's levels, invalid once it returns
         return logits, statistics
 
-    def masks_shapes(self, inputs: Tensor) -> list[tuple[int, ...]]:
-        """The shape of one client's activations at each dropout layer for one client's `inputs`, from a
-        pass on the meta device."""
+    def layout(self, inputs: Tensor) -> Layout:
+        """The Layout of a pass over one client's `inputs`, from a pass on the meta device."""
         key = (tuple(inputs.shape), inputs.dtype)
-        if key not in self.dropout_shapes:
+        if key not in self.layouts:
+            self.probe_state.layout = Layout()
             with torch.no_grad():
                 self.probe(torch.empty(inputs.shape, dtype=inputs.dtype, device="meta"))
-            self.dropout_shapes[key] = list(self.recorded_shapes)
-            self.recorded_shapes.clear()
-        return self.dropout_shapes[key]
+            self.layouts[key], self.probe_state.layout = self.probe_state.layout, None
+        return self.layouts[key]
 
-    def track(self, buffers: Tensor, statistics: tuple[tuple[Tensor, Tensor], ...]) -> None:
-        """Moves each client's running statistics (rows of `buffers`) towards its batch's, as BatchNorm does."""
-        for (mean_at, var_at, width, momentum), (mean, var) in zip(self.running, statistics):
+    def track(self, buffers: Tensor, statistics: tuple[tuple[Tensor, Tensor], ...], layout: Layout) -> None:
+        """Moves each client's running statistics (rows of `buffers`) towards its batch's, call after call,
+        as BatchNorm does."""
+        for index, (mean, var) in zip(layout.norms, statistics):
+            mean_at, var_at, width, momentum = self.running[index]
             buffers[:, mean_at:mean_at + width].mul_(1 - momentum).add_(mean, alpha=momentum)
             buffers[:, var_at:var_at + width].mul_(1 - momentum).add_(var, alpha=momentum)
 
 
-def _rebuilt(module: nn.Module, reported: dict, recorded_shapes: list | None = None) -> nn.Module:
+def _rebuilt(module: nn.Module, state: PassState) -> nn.Module:
     """`module` with its BatchNorm and nn.Dropout layers replaced in place (BatchedModule); the tracking
     BatchNorm layers numbered in named_modules' order."""
     tracking = [layer for layer in module.modules()
@@ -155,9 +181,9 @@ def _rebuilt(module: nn.Module, reported: dict, recorded_shapes: list | None = N
         for name, child in parent.named_children():
             if isinstance(child, nn.modules.batchnorm._BatchNorm):
                 index = next((i for i, layer in enumerate(tracking) if layer is child), None)
-                setattr(parent, name, BatchStatistics(child, reported, index))
+                setattr(parent, name, BatchStatistics(child, state, index))
             elif isinstance(child, nn.Dropout):
-                setattr(parent, name, MaskedDropout(child.p, recorded_shapes))
+                setattr(parent, name, MaskedDropout(child.p, state))
     return module
 
 
@@ -179,7 +205,7 @@ class ClientBatchTask:
         # Running statistics move only in passes at the clients' own parameters, as in ClientTask._at.
         self.resident: Tensor | None = None
         self.generator = _default_generator(model.device)
-        self.dropout_states = self._seeded_states(dropout_seeds) if batched.dropouts else []
+        self.dropout_states = self._seeded_states(dropout_seeds) if batched.draws_masks else []
 
     def start_from(self, params: Tensor) -> Tensor:
         self.resident = params.expand(len(self.client_tasks), -1).clone()
@@ -241,7 +267,7 @@ class ClientBatchTask:
               masks: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
         (grads, (losses, statistics)) = self.per_client_grad(params, *batch, masks)
         if params is self.resident:
-            self.batched.track(self.stacked_buffers, statistics)
+            self.batched.track(self.stacked_buffers, statistics, self.batched.layout(batch[0][0]))
         return losses.detach(), grads
 
     def _loss(self, flat: Tensor, inputs: Tensor, targets: Tensor, weights: Tensor,
@@ -264,22 +290,23 @@ class ClientBatchTask:
         return states
 
     def _draw_masks(self, client_inputs: Tensor, clients: list[int] | None = None) -> tuple[Tensor, ...]:
-        """Each dropout layer's masks for one pass of `clients` (default all) over batches shaped as
+        """Each dropout call's masks for one pass of `clients` (default all) over batches shaped as
         `client_inputs`, stacked over the clients: each client's from its own stream, by F.dropout on ones
-        of its activations' shape, so that they are the masks the client's sequential pass would draw."""
+        of its activations' shape, so that they are the masks the client's sequential pass would draw
+        (every client's batch has that shape: vectorize_blocker refuses dropout where sizes differ)."""
         if not self.dropout_states:
             return ()
-        shapes = self.batched.masks_shapes(client_inputs)
+        calls = self.batched.layout(client_inputs).dropouts
         dtype, device = self.model.params.dtype, self.model.device
         saved = self.generator.get_state()
-        per_layer = [[] for _ in shapes]
+        per_call = [[] for _ in calls]
         for client in (range(len(self.client_tasks)) if clients is None else clients):
             self.generator.set_state(self.dropout_states[client])
-            for masks, shape, rate in zip(per_layer, shapes, self.batched.dropout_rates):
+            for masks, (rate, shape) in zip(per_call, calls):
                 masks.append(F.dropout(torch.ones(shape, dtype=dtype, device=device), rate, training=True))
             self.dropout_states[client] = self.generator.get_state()
         self.generator.set_state(saved)
-        return tuple(torch.stack(masks) for masks in per_layer)
+        return tuple(torch.stack(masks) for masks in per_call)
 
 
 def _default_generator(device: torch.device) -> torch.Generator:
