@@ -18,16 +18,18 @@ pytestmark = pytest.mark.slow
 MIFA = [*SYNTHETIC_MLP, "algorithm.name=mifa", "train.rounds=3"]
 
 
-def alive(*actor_classes):
+def alive(*actor_classes, count=None):
     """Ids of the live actors of `actor_classes` (RayClientWorker, RayServer) on the cluster, once those killed
-    have ended (Ray ends a killed actor soon after the call)."""
+    have ended: ray.kill returns before Ray ends the actor, which then still shows as alive for a moment. With
+    `count`, the number of live actors the caller expects: waited for, up to 30 s, before the ids are read."""
     deadline = time.monotonic() + 30
     while True:
         entries = [entry for entry in ray_state.actors().values() if entry["ActorClassName"] in actor_classes]
-        if time.monotonic() > deadline or all(entry["State"] in ("ALIVE", "DEAD") for entry in entries):
-            break
+        settled = all(entry["State"] in ("ALIVE", "DEAD") for entry in entries)
+        live = {entry["ActorID"] for entry in entries if entry["State"] == "ALIVE"}
+        if time.monotonic() > deadline or (settled and (count is None or len(live) == count)):
+            return live
         time.sleep(0.1)
-    return {entry["ActorID"] for entry in entries if entry["State"] == "ALIVE"}
 
 
 def ever(actor_class):
@@ -43,13 +45,13 @@ def no_kept_actors(ray_cluster):
 
 def test_the_next_run_builds_the_kept_actors_for_its_own_config_with_the_local_bits(tmp_path, no_kept_actors):
     run(tmp_path, [*SYNTHETIC_MLP, *ON_RAY, "engine.num_workers=2"], "first")
-    workers, servers = alive("RayClientWorker"), alive("RayServer")
+    workers, servers = alive("RayClientWorker", count=2), alive("RayServer", count=1)
     assert len(workers) == 2 and len(servers) == 1
     created = ever("RayClientWorker") | ever("RayServer")
     # Another algorithm (client states, a server that holds every client's update) on the same actors.
     second = run(tmp_path, [*MIFA, *ON_RAY, "engine.num_workers=2"], "second")
     assert ever("RayClientWorker") | ever("RayServer") == created
-    assert alive("RayClientWorker") == workers and alive("RayServer") == servers
+    assert alive("RayClientWorker", count=2) == workers and alive("RayServer", count=1) == servers
     assert_same_run(run(tmp_path, [*MIFA, "engine.backend=local"], "local"), second)
 
 
@@ -82,26 +84,26 @@ def test_a_kept_actor_takes_the_plugins_of_the_run_that_reuses_it(tmp_path, no_k
 
 def test_actors_another_run_does_not_take_end(tmp_path, no_kept_actors):
     run(tmp_path, [*SYNTHETIC_MLP, *ON_RAY, "engine.num_workers=1"], "kept")
-    first = alive("RayClientWorker", "RayServer")
+    first = alive("RayClientWorker", "RayServer", count=2)
     assert len(first) == 2
     # Other options: the kept worker ends, the server is built again.
     run(tmp_path, [*SYNTHETIC_MLP, *ON_RAY, "engine.num_workers=1", "engine.worker_cpus=0.5"], "other_cpus")
-    second = alive("RayClientWorker", "RayServer")
+    second = alive("RayClientWorker", "RayServer", count=2)
     assert len(second & first) == 1 and len(second) == 2
     # Without engine.reuse_actors a run takes none, and keeps none.
     one_worker = [*SYNTHETIC_MLP, "engine.num_workers=1", "engine.server=driver"]
     run(tmp_path, [*one_worker, "engine.backend=ray"], "not_reusing")
-    assert not alive("RayClientWorker", "RayServer")
+    assert not alive("RayClientWorker", "RayServer", count=0)
     run(tmp_path, [*one_worker, *ON_RAY], "released")
-    assert len(alive("RayClientWorker")) == 1
+    assert len(alive("RayClientWorker", count=1)) == 1
     rayfed.release_actors()
-    assert not alive("RayClientWorker")
+    assert not alive("RayClientWorker", count=0)
 
 
 def test_a_worker_that_died_is_not_kept(tmp_path, no_kept_actors):
     run(tmp_path, [*MIFA, *ON_RAY, "engine.num_workers=1", "engine.server=driver",
                    "engine.fault_injection=['kill:0:2']"], "killed")
-    assert not alive("RayClientWorker")
+    assert not alive("RayClientWorker", count=0)
 
 
 class Fails(rayfed.Callback):
@@ -114,7 +116,7 @@ def test_a_run_that_fails_keeps_no_actors(tmp_path, no_kept_actors):
     config = rayfed.load_config(None, [*SYNTHETIC_MLP, *ON_RAY, "engine.num_workers=1", "engine.server=driver"])
     with pytest.raises(CallbackFailed, match="RuntimeError: a failing callback"):
         rayfed.run(config, run_dir=tmp_path / "failed", progress=False, callbacks=[Fails()])
-    assert not alive("RayClientWorker")
+    assert not alive("RayClientWorker", count=0)
 
 
 def test_a_kept_worker_that_died_while_it_waited_ends_and_is_replaced(tmp_path, no_kept_actors):
