@@ -132,7 +132,8 @@ class BatchedModule:
             if buffer.is_floating_point():
                 buffer_offsets[name] = offset
                 offset += buffer.numel()
-        # Where each tracking BatchNorm layer's running mean and variance sit in FlatModel.buffers (BatchStatistics.index).
+        # Where each tracking BatchNorm layer's running mean and variance sit in FlatModel.buffers, by
+        # BatchStatistics.index.
         self.running = [(buffer_offsets[f"{name}.running_mean"], buffer_offsets[f"{name}.running_var"],
                          layer.num_features, layer.momentum)
                         for name, layer in module.named_modules()

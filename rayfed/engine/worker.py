@@ -174,7 +174,7 @@ class ClientWorker:
         self.codec = Codec(config.compression, self.algorithm.compressed_upload, self.model.blocks,
                            self.model.num_params, config.seed)
         self.schedule = LocalSchedule.from_config(config.train)
-        # engine.vectorize: the model as a batched computation trains it, kept across rounds with its dropout shapes.
+        # engine.vectorize: the model as a batched computation trains it, kept across rounds with the layouts it found.
         self.batched = BatchedModule(self.model.module) if config.engine.vectorize else None
         # Created on a client's first participation, so clients that never train cost nothing; in
         # memory, or spilled to this worker's shard file (engine.state_memory_mb).
