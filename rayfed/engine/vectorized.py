@@ -176,13 +176,13 @@ class BatchedModule:
 def _rebuilt(module: nn.Module, state: PassState) -> nn.Module:
     """`module` with its BatchNorm and nn.Dropout layers replaced in place (BatchedModule); the tracking
     BatchNorm layers numbered in named_modules' order."""
-    tracking = [layer for layer in module.modules()
-                if isinstance(layer, nn.modules.batchnorm._BatchNorm) and layer.track_running_stats]
+    tracking = {id(layer): index for index, layer in enumerate(
+        layer for layer in module.modules()
+        if isinstance(layer, nn.modules.batchnorm._BatchNorm) and layer.track_running_stats)}
     for parent in list(module.modules()):
         for name, child in parent.named_children():
             if isinstance(child, nn.modules.batchnorm._BatchNorm):
-                index = next((i for i, layer in enumerate(tracking) if layer is child), None)
-                setattr(parent, name, BatchStatistics(child, state, index))
+                setattr(parent, name, BatchStatistics(child, state, tracking.get(id(child))))
             elif isinstance(child, nn.Dropout):
                 setattr(parent, name, MaskedDropout(child.p, state))
     return module
@@ -298,13 +298,14 @@ class ClientBatchTask:
         if not self.dropout_states:
             return ()
         calls = self.batched.layout(client_inputs).dropouts
-        dtype, device = self.model.params.dtype, self.model.device
+        # F.dropout's mask depends on the shape and the generator alone: one tensor of ones per call serves every client.
+        ones = [torch.ones(shape, dtype=self.model.params.dtype, device=self.model.device) for _, shape in calls]
         saved = self.generator.get_state()
         per_call = [[] for _ in calls]
         for client in (range(len(self.client_tasks)) if clients is None else clients):
             self.generator.set_state(self.dropout_states[client])
-            for masks, (rate, shape) in zip(per_call, calls):
-                masks.append(F.dropout(torch.ones(shape, dtype=dtype, device=device), rate, training=True))
+            for masks, (rate, _), call_ones in zip(per_call, calls, ones):
+                masks.append(F.dropout(call_ones, rate, training=True))
             self.dropout_states[client] = self.generator.get_state()
         self.generator.set_state(saved)
         return tuple(torch.stack(masks) for masks in per_call)
