@@ -298,7 +298,7 @@ class ClientBatchTask:
         if not self.dropout_states:
             return ()
         calls = self.batched.layout(client_inputs).dropouts
-        # F.dropout's mask depends on the shape and the generator alone: one tensor of ones per call serves every client.
+        # F.dropout's mask depends on the shape and the generator alone: one tensor of ones per call serves all.
         ones = [torch.ones(shape, dtype=self.model.params.dtype, device=self.model.device) for _, shape in calls]
         saved = self.generator.get_state()
         per_call = [[] for _ in calls]
