@@ -17,11 +17,14 @@ Non-finite terms are kept as flags, as IEEE addition would combine them: a NaN, 
 gives NaN; otherwise an infinity gives that infinity (0 x inf, a weight of zero on an infinity, is NaN).
 
 Memory per coordinate: LIMBS x 8 = 88 bytes of limbs and one byte of flags (22x a float32). On the
-wire (pickled) only the limb columns that hold a nonzero digit go, as 32-bit digits: 4 bytes per
-coordinate for each such column (a model change whose coordinates span 2^-30 to 2^0 uses 3 or 4 of
-the 11), plus the flags.
+wire a sum travels packed (PackedSum): per coordinate the span of limbs that its digits need, 2 bytes
+and a sign bit, and 4 bytes per digit of the span. A sum of a few float32 terms of nearby exponents
+spans 2 or 3 digits; above its span a coordinate's limbs only repeat its sign. The receiver adds the
+packed digits into its own accumulator, on its device, without unpacking them into limbs of their own.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -84,10 +87,13 @@ class ExactSum:
             self._add_rows(rows[block:block + _MAX_ROWS], weights[block:block + _MAX_ROWS])
         return self
 
-    def merge(self, other: "ExactSum") -> "ExactSum":
-        """Adds another accumulator's sum (of the same shape); in place, returns self."""
+    def merge(self, other: "ExactSum | PackedSum") -> "ExactSum":
+        """Adds another accumulator's sum, or a packed one, of the same shape; in place, returns self."""
         if other.shape != self.shape:
             raise ValueError(f"cannot merge an ExactSum of shape {tuple(other.shape)} into one of {tuple(self.shape)}")
+        if isinstance(other, PackedSum):
+            self._add_packed(other.to(self.device))
+            return self
         if self.pending + other.pending > NORMALISE_EVERY:
             self.normalise()
             other.normalise()
@@ -97,16 +103,27 @@ class ExactSum:
         self.flags |= other.flags.to(self.flags.device)
         return self
 
+    @property
+    def device(self) -> torch.device:
+        return self.limbs.device
+
     def value(self) -> Tensor:
         """The sum as float64 (of `shape`): the canonical digits added from the top, a function of
         the exact sum alone; NaN or an infinity where a term was one (see the module's docstring)."""
         self.normalise()
         negative = self.limbs[-1] < 0
-        magnitude = torch.where(negative, -self.limbs, self.limbs)
-        _propagate(magnitude)
-        total = torch.zeros(magnitude.shape[1], dtype=torch.float64, device=magnitude.device)
-        for limb in reversed(range(LIMBS)):
-            total += magnitude[limb].to(torch.float64) * 2.0 ** (DIGIT_BITS * limb + LOWEST_EXPONENT)
+        sign = 1 - 2 * negative.long()
+        # The magnitude's digits in the limbs themselves, and the limbs back as they were (normalised limbs are
+        # unique): a copy would cost more than the sum, in memory the kernel hands out zeroed page by page.
+        self.limbs.mul_(sign)
+        try:
+            _propagate(self.limbs)
+            total = torch.zeros(self.limbs.shape[1], dtype=torch.float64, device=self.device)
+            for limb in reversed(range(LIMBS)):
+                total += self.limbs[limb].to(torch.float64) * 2.0 ** (DIGIT_BITS * limb + LOWEST_EXPONENT)
+        finally:
+            self.limbs.mul_(sign)
+            _propagate(self.limbs)
         total = torch.where(negative, -total, total)
         nan = (self.flags & _NAN).bool() | ((self.flags & _POS_INF).bool() & (self.flags & _NEG_INF).bool())
         total = torch.where((self.flags & _POS_INF).bool(), torch.inf, total)
@@ -129,13 +146,29 @@ class ExactSum:
         moved.limbs, moved.flags = self.limbs.to(device), self.flags.to(device)
         return moved
 
-    def __reduce__(self):
-        """Pickled as the nonzero digit columns of the normalised limbs, 32 bits each, as numpy arrays."""
+    def pack(self) -> "PackedSum":
+        """The sum as it travels, formed on this sum's device."""
         self.normalise()
-        used = self.limbs.any(dim=1).nonzero().flatten()
-        # Digits below the top are in [0, 2^32); the top limb is small and goes as its 32-bit two's complement.
-        columns = (self.limbs[used] & _DIGIT_MASK).cpu().numpy().astype(np.uint32)
-        return _unpickle, (tuple(self.shape), used.cpu().numpy(), columns, self.flags.cpu().numpy(), self.terms)
+        negative = self.limbs[-1] < 0
+        # Bit k: limb k is nonzero; limb k differs from the sign's repetition (all ones, the top limb -1, below zero).
+        nonzero, significant = (torch.zeros(self.limbs.shape[1], dtype=torch.int16, device=self.device)
+                                for _ in range(2))
+        repeated = torch.where(negative, _DIGIT_MASK, 0)
+        for limb in range(LIMBS):
+            nonzero.add_(self.limbs[limb] != 0, alpha=1 << limb)
+            significant.add_(self.limbs[limb] != (repeated if limb < LIMBS - 1 else -negative.long()), alpha=1 << limb)
+        low = _LOWEST_BIT.to(self.device)[nonzero.long()]
+        end = _BIT_LENGTH.to(self.device)[significant.long()]
+        # Below zero, the limbs below the lowest nonzero one are zeros, which differ from the sign's: end >= low.
+        count = torch.where(end > low, end - low, 0)
+        # Coordinate after coordinate, each its digits from the lowest, as int32: their low 32 bits.
+        digits = self.limbs.view(-1)[_positions(low, count)] & _DIGIT_MASK
+        digits = ((digits ^ 1 << 31) - (1 << 31)).to(torch.int32)
+        flagged = self.flags.nonzero().flatten()
+        return PackedSum(tuple(self.shape), self.terms, low, count, negative, digits, flagged, self.flags[flagged])
+
+    def __reduce__(self):
+        return _unpacked, (self.pack(),)
 
     def __repr__(self) -> str:
         return f"ExactSum(shape={tuple(self.shape)}, terms={self.terms})"
@@ -148,6 +181,20 @@ class ExactSum:
             self.normalise()
         self.terms += terms
         self.pending += pending
+
+    def _add_packed(self, packed: "PackedSum") -> None:
+        """Adds a packed sum on this device. A coordinate is its span's digits, unsigned, less 2^(32 end) when
+        negative (end = low + count): the limbs from `end` up repeat the sign, all ones and a top limb of -1,
+        which sum to -2^(32 end). That lands in limb `end`, or in the top limb, as -2^32, when the span
+        reaches it. Each limb gains at most one digit, less than 2^32: one term's worth."""
+        self._count(packed.terms, 1)
+        digits = packed.digits.to(torch.int64) & _DIGIT_MASK
+        self.limbs.view(-1).index_add_(0, _positions(packed.low, packed.count), digits)
+        below_zero = packed.negative.nonzero().flatten()
+        end = (packed.low[below_zero] + packed.count[below_zero]).long()
+        self.limbs.index_put_((end.clamp(max=LIMBS - 1), below_zero),
+                              torch.where(end < LIMBS, -1, -(1 << DIGIT_BITS)), accumulate=True)
+        self.flags[packed.flagged] |= packed.flags
 
     def _add_rows(self, rows: Tensor, weights: Tensor) -> None:
         """Adds at most _MAX_ROWS weighted rows, in chunks of columns."""
@@ -243,13 +290,62 @@ def _propagate(limbs: Tensor) -> None:
         limbs[limb] &= _DIGIT_MASK
 
 
-def _unpickle(shape: tuple[int, ...], used: np.ndarray, columns: np.ndarray, flags: np.ndarray,
-              terms: int) -> ExactSum:
-    total = ExactSum(shape)
-    digits = columns.astype(np.int64)
-    top = used == LIMBS - 1
-    digits[top] = columns[top].view(np.int32)
-    total.limbs[torch.from_numpy(used.astype(np.int64))] = torch.from_numpy(digits)
-    total.flags = torch.from_numpy(flags.copy())
-    total.terms = terms
-    return total
+def _positions(low: Tensor, count: Tensor) -> Tensor:
+    """Where the digits of each coordinate's span, low .. low + count - 1, are in the flattened limbs, coordinate
+    after coordinate."""
+    count = count.long()
+    coordinates = torch.repeat_interleave(torch.arange(len(count), device=count.device), count)
+    # A digit's limb: its place in the list less its coordinate's first place, plus that coordinate's lowest limb.
+    limbs = torch.arange(len(coordinates), device=count.device) - torch.repeat_interleave(
+        torch.cumsum(count, 0) - count - low.long(), count)
+    return limbs.mul_(len(count)).add_(coordinates)
+
+
+# For each LIMBS-bit mask: its lowest set bit (LIMBS when none), and one past its highest (0 when none).
+_LOWEST_BIT = torch.tensor([(mask & -mask).bit_length() - 1 if mask else LIMBS for mask in range(1 << LIMBS)],
+                           dtype=torch.uint8)
+_BIT_LENGTH = torch.tensor([mask.bit_length() for mask in range(1 << LIMBS)], dtype=torch.uint8)
+
+
+@dataclass
+class PackedSum:
+    """An ExactSum as it travels: per coordinate the lowest limb its digits need and how many (`low`,
+    `count`, none for a zero) and whether it is below zero; the spans' digits one coordinate after
+    another, as int32 (their 32 bits); the flags where they are nonzero. Pickled as numpy arrays, which
+    Ray ships out of band, with the signs 8 to a byte; ExactSum.merge adds it."""
+
+    shape: tuple[int, ...]
+    terms: int
+    low: Tensor
+    count: Tensor
+    negative: Tensor
+    digits: Tensor
+    flagged: Tensor
+    flags: Tensor
+
+    @property
+    def device(self) -> torch.device:
+        return self.low.device
+
+    def to(self, device: torch.device | str) -> "PackedSum":
+        return PackedSum(self.shape, self.terms, *(getattr(self, name).to(device) for name in _PACKED_TENSORS))
+
+    def __reduce__(self):
+        arrays = [getattr(self, name).cpu().numpy() for name in _PACKED_TENSORS]
+        arrays[2] = np.packbits(arrays[2])
+        return _packed, (self.shape, self.terms, *arrays)
+
+
+_PACKED_TENSORS = ("low", "count", "negative", "digits", "flagged", "flags")
+
+
+def _packed(shape: tuple[int, ...], terms: int, *arrays: np.ndarray) -> PackedSum:
+    arrays = list(arrays)
+    arrays[2] = np.unpackbits(arrays[2], count=len(arrays[0])).view(bool)
+    # An array read from Ray's object store is a read-only view of shared memory, which torch would not own.
+    return PackedSum(shape, terms, *(torch.from_numpy(array if array.flags.writeable else array.copy())
+                                     for array in arrays))
+
+
+def _unpacked(packed: PackedSum) -> ExactSum:
+    return ExactSum(packed.shape).merge(packed)

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from rayfed.algorithms.base import Upload
-from rayfed.exact_sum import ExactSum
+from rayfed.exact_sum import ExactSum, PackedSum
 
 
 class ShippedAsNumpy:
@@ -23,6 +23,8 @@ class ShippedAsNumpy:
 
 
 def _to_numpy(value):
+    if isinstance(value, ExactSum):
+        return value.pack()
     if isinstance(value, Tensor) and value.device.type == "cpu" and value.dtype in _NUMPY_DTYPES:
         return value.numpy()
     if isinstance(value, dict):
@@ -155,8 +157,9 @@ class WorkerSums(ShippedAsNumpy):
     nbytes: list[int]
     floats: list[int]
     weighting: str
-    sums: dict[str, ExactSum]
-    buffers: ExactSum
+    # Packed while they travel (rayfed.exact_sum.PackedSum), and added packed on the server's device.
+    sums: dict[str, ExactSum | PackedSum]
+    buffers: ExactSum | PackedSum
     timing: WorkerTiming | None = None
 
     @classmethod
