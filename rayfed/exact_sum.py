@@ -17,10 +17,11 @@ Non-finite terms are kept as flags, as IEEE addition would combine them: a NaN, 
 gives NaN; otherwise an infinity gives that infinity (0 x inf, a weight of zero on an infinity, is NaN).
 
 Memory per coordinate: LIMBS x 8 = 88 bytes of limbs and one byte of flags (22x a float32). On the
-wire a sum travels packed (PackedSum): per coordinate the span of limbs that its digits need, 2 bytes
-and a sign bit, and 4 bytes per digit of the span. A sum of a few float32 terms of nearby exponents
-spans 2 or 3 digits; above its span a coordinate's limbs only repeat its sign. The receiver adds the
-packed digits into its own accumulator, on its device, without unpacking them into limbs of their own.
+wire a sum travels compacted (CompactSum): per coordinate the span of limbs that its digits need, 2
+bytes and a sign bit, and 4 bytes per digit of the span. A sum of a few float32 terms of nearby
+exponents spans 1 to 3 digits; above its span a coordinate's limbs only repeat its sign. The receiver
+adds the span's digits into its own accumulator, on its device, without expanding them into limbs of
+their own first.
 """
 from __future__ import annotations
 
@@ -75,31 +76,31 @@ class ExactSum:
             rows = values.reshape(len(values), -1)
         else:
             raise ValueError(f"ExactSum of shape {tuple(self.shape)} cannot add values of shape {tuple(values.shape)}")
-        weights = torch.as_tensor(weights, dtype=torch.int64, device=self.limbs.device).reshape(-1)
+        weights = torch.as_tensor(weights, dtype=torch.int64, device=self.device).reshape(-1)
         weights = weights.expand(rows.shape[0]) if weights.numel() == 1 else weights
         if weights.numel() != rows.shape[0]:
             raise ValueError(f"{weights.numel()} weights for {rows.shape[0]} rows")
         if bool((weights < 0).any()) or bool((weights > MAX_WEIGHT).any()):
             raise ValueError(f"ExactSum weights must be integers in [0, {MAX_WEIGHT}]")
         self._count(rows.shape[0])
-        rows = rows.to(self.limbs.device)
+        rows = rows.to(self.device)
         for block in range(0, rows.shape[0], _MAX_ROWS):
             self._add_rows(rows[block:block + _MAX_ROWS], weights[block:block + _MAX_ROWS])
         return self
 
-    def merge(self, other: "ExactSum | PackedSum") -> "ExactSum":
-        """Adds another accumulator's sum, or a packed one, of the same shape; in place, returns self."""
+    def merge(self, other: "ExactSum | CompactSum") -> "ExactSum":
+        """Adds another accumulator's sum, or a compacted one, of the same shape; in place, returns self."""
         if other.shape != self.shape:
             raise ValueError(f"cannot merge an ExactSum of shape {tuple(other.shape)} into one of {tuple(self.shape)}")
-        if isinstance(other, PackedSum):
-            self._add_packed(other.to(self.device))
+        if isinstance(other, CompactSum):
+            self._add_compact(other.to(self.device))
             return self
         if self.pending + other.pending > NORMALISE_EVERY:
             self.normalise()
             other.normalise()
         # A normalised accumulator still adds up to 2^32 to each limb: one term's worth.
         self._count(other.terms, max(other.pending, 1))
-        self.limbs += other.limbs.to(self.limbs.device)
+        self.limbs += other.limbs.to(self.device)
         self.flags |= other.flags.to(self.flags.device)
         return self
 
@@ -109,7 +110,8 @@ class ExactSum:
 
     def value(self) -> Tensor:
         """The sum as float64 (of `shape`): the canonical digits added from the top, a function of
-        the exact sum alone; NaN or an infinity where a term was one (see the module's docstring)."""
+        the exact sum alone; NaN or an infinity where a term was one (see the module's docstring).
+        It works on the limbs in place, and so is not safe beside another use of this sum."""
         self.normalise()
         negative = self.limbs[-1] < 0
         sign = 1 - 2 * negative.long()
@@ -123,7 +125,9 @@ class ExactSum:
                 total += self.limbs[limb].to(torch.float64) * 2.0 ** (DIGIT_BITS * limb + LOWEST_EXPONENT)
         finally:
             self.limbs.mul_(sign)
-            _propagate(self.limbs)
+            # Pending until normalised: a failure in between leaves limbs that the next use normalises.
+            self.pending = 1
+            self.normalise()
         total = torch.where(negative, -total, total)
         nan = (self.flags & _NAN).bool() | ((self.flags & _POS_INF).bool() & (self.flags & _NEG_INF).bool())
         total = torch.where((self.flags & _POS_INF).bool(), torch.inf, total)
@@ -146,7 +150,7 @@ class ExactSum:
         moved.limbs, moved.flags = self.limbs.to(device), self.flags.to(device)
         return moved
 
-    def pack(self) -> "PackedSum":
+    def compact(self) -> "CompactSum":
         """The sum as it travels, formed on this sum's device."""
         self.normalise()
         negative = self.limbs[-1] < 0
@@ -159,16 +163,17 @@ class ExactSum:
             significant.add_(self.limbs[limb] != (repeated if limb < LIMBS - 1 else -negative.long()), alpha=1 << limb)
         low = _LOWEST_BIT.to(self.device)[nonzero.long()]
         end = _BIT_LENGTH.to(self.device)[significant.long()]
-        # Below zero, the limbs below the lowest nonzero one are zeros, which differ from the sign's: end >= low.
+        # A zero has no nonzero limb (low = LIMBS, end = 0): no digits. Any other coordinate has end >= low, a
+        # negative one too: the zeros below its lowest nonzero limb differ from its sign's repetition.
         count = torch.where(end > low, end - low, 0)
         # Coordinate after coordinate, each its digits from the lowest, as int32: their low 32 bits.
-        digits = self.limbs.view(-1)[_positions(low, count)] & _DIGIT_MASK
-        digits = ((digits ^ 1 << 31) - (1 << 31)).to(torch.int32)
+        digits = self.limbs.view(-1)[_positions(low, count, int(count.sum()))] & _DIGIT_MASK
+        digits = ((digits ^ (1 << 31)) - (1 << 31)).to(torch.int32)
         flagged = self.flags.nonzero().flatten()
-        return PackedSum(tuple(self.shape), self.terms, low, count, negative, digits, flagged, self.flags[flagged])
+        return CompactSum(tuple(self.shape), self.terms, low, count, negative, digits, flagged, self.flags[flagged])
 
     def __reduce__(self):
-        return _unpacked, (self.pack(),)
+        return _expanded, (self.compact(),)
 
     def __repr__(self) -> str:
         return f"ExactSum(shape={tuple(self.shape)}, terms={self.terms})"
@@ -182,19 +187,19 @@ class ExactSum:
         self.terms += terms
         self.pending += pending
 
-    def _add_packed(self, packed: "PackedSum") -> None:
-        """Adds a packed sum on this device. A coordinate is its span's digits, unsigned, less 2^(32 end) when
+    def _add_compact(self, compact: "CompactSum") -> None:
+        """Adds a compacted sum on this device. A coordinate is its span's digits, unsigned, less 2^(32 end) when
         negative (end = low + count): the limbs from `end` up repeat the sign, all ones and a top limb of -1,
         which sum to -2^(32 end). That lands in limb `end`, or in the top limb, as -2^32, when the span
         reaches it. Each limb gains at most one digit, less than 2^32: one term's worth."""
-        self._count(packed.terms, 1)
-        digits = packed.digits.to(torch.int64) & _DIGIT_MASK
-        self.limbs.view(-1).index_add_(0, _positions(packed.low, packed.count), digits)
-        below_zero = packed.negative.nonzero().flatten()
-        end = (packed.low[below_zero] + packed.count[below_zero]).long()
+        self._count(compact.terms, 1)
+        digits = compact.digits.to(torch.int64) & _DIGIT_MASK
+        self.limbs.view(-1).index_add_(0, _positions(compact.low, compact.count, len(digits)), digits)
+        below_zero = compact.negative.nonzero().flatten()
+        end = (compact.low[below_zero] + compact.count[below_zero]).long()
         self.limbs.index_put_((end.clamp(max=LIMBS - 1), below_zero),
                               torch.where(end < LIMBS, -1, -(1 << DIGIT_BITS)), accumulate=True)
-        self.flags[packed.flagged] |= packed.flags
+        self.flags[compact.flagged] |= compact.flags
 
     def _add_rows(self, rows: Tensor, weights: Tensor) -> None:
         """Adds at most _MAX_ROWS weighted rows, in chunks of columns."""
@@ -290,15 +295,15 @@ def _propagate(limbs: Tensor) -> None:
         limbs[limb] &= _DIGIT_MASK
 
 
-def _positions(low: Tensor, count: Tensor) -> Tensor:
-    """Where the digits of each coordinate's span, low .. low + count - 1, are in the flattened limbs, coordinate
-    after coordinate."""
+def _positions(low: Tensor, count: Tensor, digits: int) -> Tensor:
+    """Where the `digits` digits of the coordinates' spans, low .. low + count - 1, are in the flattened limbs,
+    coordinate after coordinate."""
     count = count.long()
-    coordinates = torch.repeat_interleave(torch.arange(len(count), device=count.device), count)
+    coordinates = torch.repeat_interleave(torch.arange(len(count), device=count.device), count, output_size=digits)
     # A digit's limb: its place in the list less its coordinate's first place, plus that coordinate's lowest limb.
-    limbs = torch.arange(len(coordinates), device=count.device) - torch.repeat_interleave(
-        torch.cumsum(count, 0) - count - low.long(), count)
-    return limbs.mul_(len(count)).add_(coordinates)
+    places = torch.arange(digits, device=count.device) - torch.repeat_interleave(
+        torch.cumsum(count, 0) - count - low.long(), count, output_size=digits)
+    return places.mul_(len(count)).add_(coordinates)
 
 
 # For each LIMBS-bit mask: its lowest set bit (LIMBS when none), and one past its highest (0 when none).
@@ -307,8 +312,8 @@ _LOWEST_BIT = torch.tensor([(mask & -mask).bit_length() - 1 if mask else LIMBS f
 _BIT_LENGTH = torch.tensor([mask.bit_length() for mask in range(1 << LIMBS)], dtype=torch.uint8)
 
 
-@dataclass
-class PackedSum:
+@dataclass(eq=False)
+class CompactSum:
     """An ExactSum as it travels: per coordinate the lowest limb its digits need and how many (`low`,
     `count`, none for a zero) and whether it is below zero; the spans' digits one coordinate after
     another, as int32 (their 32 bits); the flags where they are nonzero. Pickled as numpy arrays, which
@@ -327,25 +332,24 @@ class PackedSum:
     def device(self) -> torch.device:
         return self.low.device
 
-    def to(self, device: torch.device | str) -> "PackedSum":
-        return PackedSum(self.shape, self.terms, *(getattr(self, name).to(device) for name in _PACKED_TENSORS))
+    def to(self, device: torch.device | str) -> "CompactSum":
+        return CompactSum(self.shape, self.terms, *(getattr(self, name).to(device) for name in _TENSORS))
 
     def __reduce__(self):
-        arrays = [getattr(self, name).cpu().numpy() for name in _PACKED_TENSORS]
-        arrays[2] = np.packbits(arrays[2])
-        return _packed, (self.shape, self.terms, *arrays)
+        arrays = {name: getattr(self, name).cpu().numpy() for name in _TENSORS}
+        arrays["negative"] = np.packbits(arrays["negative"])
+        return _compact_sum, (self.shape, self.terms, arrays)
 
 
-_PACKED_TENSORS = ("low", "count", "negative", "digits", "flagged", "flags")
+_TENSORS = ("low", "count", "negative", "digits", "flagged", "flags")
 
 
-def _packed(shape: tuple[int, ...], terms: int, *arrays: np.ndarray) -> PackedSum:
-    arrays = list(arrays)
-    arrays[2] = np.unpackbits(arrays[2], count=len(arrays[0])).view(bool)
+def _compact_sum(shape: tuple[int, ...], terms: int, arrays: dict[str, np.ndarray]) -> CompactSum:
+    arrays["negative"] = np.unpackbits(arrays["negative"], count=len(arrays["low"])).view(bool)
     # An array read from Ray's object store is a read-only view of shared memory, which torch would not own.
-    return PackedSum(shape, terms, *(torch.from_numpy(array if array.flags.writeable else array.copy())
-                                     for array in arrays))
+    return CompactSum(shape, terms, **{name: torch.from_numpy(array if array.flags.writeable else array.copy())
+                                       for name, array in arrays.items()})
 
 
-def _unpacked(packed: PackedSum) -> ExactSum:
-    return ExactSum(packed.shape).merge(packed)
+def _expanded(compact: CompactSum) -> ExactSum:
+    return ExactSum(compact.shape).merge(compact)

@@ -216,7 +216,7 @@ def test_more_rows_than_float64_sums_hold_exactly():
 
 
 def edge_coordinates() -> list[ExactSum]:
-    """Sums whose normalised limbs test the packing: zero; negatives whose limbs from the lowest nonzero one up are
+    """Sums whose normalised limbs test the compaction: zero; negatives whose limbs from the lowest nonzero one up are
     all ones (-2^-149, and -2^-117 a limb up); +-1, one digit each; sums so large that the top limb is more than a
     sign (5000 terms of float32's largest with the largest weight: about 2^187, against 2^171 at the top limb)."""
     largest, tiny = torch.finfo(torch.float32).max, 2.0 ** -149
@@ -224,25 +224,25 @@ def edge_coordinates() -> list[ExactSum]:
             ExactSum((3,)).add(torch.tensor([[largest, -largest, 1.0]]).expand(5000, 3), 2 ** 31 - 1)]
 
 
-def test_a_packed_sum_adds_the_limbs_and_flags_it_was_packed_from():
+def test_a_compacted_sum_adds_the_limbs_and_flags_it_was_compacted_from():
     sums = [ExactSum(values.shape[1:]).add(values, weights) for values, weights in stacks()] + edge_coordinates()
     for total in sums:
         total.normalise()
         limbs, flags = total.limbs.clone(), total.flags.clone()
-        for packed in (total.pack(), pickle.loads(pickle.dumps(total.pack()))):
-            unpacked = ExactSum(total.shape).merge(packed)
-            unpacked.normalise()
-            assert torch.equal(unpacked.limbs, limbs) and torch.equal(unpacked.flags, flags)
+        for compact in (total.compact(), pickle.loads(pickle.dumps(total.compact()))):
+            expanded = ExactSum(total.shape).merge(compact)
+            expanded.normalise()
+            assert torch.equal(expanded.limbs, limbs) and torch.equal(expanded.flags, flags)
         # Added to a sum: the same limbs as adding the sum itself.
         other = ExactSum(total.shape).add(awkward_values(3, total.shape.numel(), seed=9), [7, 1, 2 ** 20])
-        via_packed, via_limbs = ExactSum(total.shape).merge(other).merge(total.pack()), other.merge(total)
-        via_packed.normalise()
+        via_compact, via_limbs = ExactSum(total.shape).merge(other).merge(total.compact()), other.merge(total)
+        via_compact.normalise()
         via_limbs.normalise()
-        assert torch.equal(via_packed.limbs, via_limbs.limbs) and torch.equal(via_packed.flags, via_limbs.flags)
+        assert torch.equal(via_compact.limbs, via_limbs.limbs) and torch.equal(via_compact.flags, via_limbs.flags)
         # Reading the value leaves the limbs as they were.
         total.value()
         assert torch.equal(total.limbs, limbs)
-    small, large = (total.pack() for total in edge_coordinates())
+    small, large = (total.compact() for total in edge_coordinates())
     assert small.low.tolist() == [LIMBS, 0, 1, 4, 4] and small.count.tolist() == [0, 0, 0, 1, 1]
     assert small.negative.tolist() == [False, True, True, False, True]
     assert large.low[0] + large.count[0] == large.low[1] + large.count[1] == LIMBS
@@ -251,9 +251,9 @@ def test_a_packed_sum_adds_the_limbs_and_flags_it_was_packed_from():
     assert large_limbs.limbs[-1, :2].tolist() == [1, -2]
 
 
-def test_a_packed_sum_carries_each_coordinates_digits_whatever_its_sign():
+def test_a_compacted_sum_carries_each_coordinates_digits_whatever_its_sign():
     changes = torch.randn(5, 10_000, generator=torch.Generator().manual_seed(10)) * 1e-2
-    positive, negative = (ExactSum((10_000,)).add(sign * changes.abs(), [50] * 5).pack() for sign in (1, -1))
+    positive, negative = (ExactSum((10_000,)).add(sign * changes.abs(), [50] * 5).compact() for sign in (1, -1))
     assert torch.equal(positive.count, negative.count) and torch.equal(positive.low, negative.low)
     # One to three 32-bit digits a coordinate, against the 9 limbs from the lowest up of a negative one.
     assert set(negative.count.tolist()) <= {1, 2, 3} and negative.digits.numel() == int(negative.count.sum())

@@ -80,9 +80,10 @@ def section(title):
     print(f"\n===== {title} ({time.strftime('%H:%M:%S')})", flush=True)
 
 
-# A worker's exact sum packed on its GPU, pickled and added packed into an accumulator on the server's GPU gives the
-# limbs and the value the CPU gives (rayfed.exact_sum.PackedSum); with the time each step takes there.
-section("exact sums packed on the GPU")
+# A worker's exact sum compacted on its GPU, pickled and added into an accumulator on the server's GPU gives the
+# limbs and the value the CPU gives (rayfed.exact_sum.CompactSum); with the time each step takes there. The engine's
+# processes use deterministic algorithms, which change how index_add_ runs on a GPU: both ways.
+section("exact sums compacted on the GPU")
 import pickle  # noqa: E402
 from rayfed.exact_sum import ExactSum  # noqa: E402
 
@@ -94,24 +95,28 @@ checked = {}
 for label, scale in scales.items():
     rows = (torch.rand(5, LENET_SIZE, generator=generator) - 0.5) * scale
     on_cpu = ExactSum(rows.shape[1:]).add(rows, [50, 7, 2 ** 31 - 1, 1, 0])
-    on_gpu = ExactSum(rows.shape[1:], "cuda").add(rows.cuda(), [50, 7, 2 ** 31 - 1, 1, 0])
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    wire = pickle.dumps(on_gpu.pack(), protocol=5)
-    packed_s = time.perf_counter() - started
-    started = time.perf_counter()
-    total = ExactSum(rows.shape[1:], "cuda").merge(pickle.loads(wire)).merge(on_gpu.pack())
-    value = total.value()
-    torch.cuda.synchronize()
-    merged_s = time.perf_counter() - started
     reference = ExactSum(rows.shape[1:]).merge(on_cpu).merge(on_cpu)
     reference.normalise()
-    total.normalise()
-    checked[label] = {"limbs_equal_cpu": torch.equal(total.limbs.cpu(), reference.limbs),
-                      "value_equal_cpu": torch.equal(value.cpu(), reference.value()),
-                      "wire_mb": round(len(wire) / 1e6, 2), "pack_and_pickle_s": round(packed_s, 4),
-                      "merge_two_and_value_s": round(merged_s, 4)}
-results["exact_sum_packed"] = checked
+    for deterministic in (False, True):
+        torch.use_deterministic_algorithms(deterministic)
+        on_gpu = ExactSum(rows.shape[1:], "cuda").add(rows.cuda(), [50, 7, 2 ** 31 - 1, 1, 0])
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        wire = pickle.dumps(on_gpu.compact(), protocol=5)
+        compacted_s = time.perf_counter() - started
+        started = time.perf_counter()
+        total = ExactSum(rows.shape[1:], "cuda").merge(pickle.loads(wire)).merge(on_gpu.compact())
+        value = total.value()
+        torch.cuda.synchronize()
+        merged_s = time.perf_counter() - started
+        total.normalise()
+        checked[f"{label}, deterministic {deterministic}"] = {
+            "limbs_equal_cpu": torch.equal(total.limbs.cpu(), reference.limbs),
+            "value_equal_cpu": torch.equal(value.cpu(), reference.value()),
+            "wire_mb": round(len(wire) / 1e6, 2), "compact_and_pickle_s": round(compacted_s, 4),
+            "merge_two_and_value_s": round(merged_s, 4)}
+torch.use_deterministic_algorithms(False)
+results["exact_sum_compacted"] = checked
 print(checked, flush=True)
 
 # What Ray shows actors that reserve no GPU and actors that share one, and whether a CUDA IPC mapping outlives the

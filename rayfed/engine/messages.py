@@ -9,14 +9,14 @@ import torch
 from torch import Tensor
 
 from rayfed.algorithms.base import Upload
-from rayfed.exact_sum import ExactSum, PackedSum
+from rayfed.exact_sum import CompactSum, ExactSum
 
 
 class ShippedAsNumpy:
     """Pickles its tensors as numpy arrays. Ray serialises numpy arrays as out-of-band buffers,
     read zero-copy from the object store, but torch tensors through torch's own pickling: on the
     ray engine's small-model rounds that was most of the broadcast's and the uploads' cost. The
-    values are the same bits either way."""
+    values are the same bits either way. An exact sum travels compacted (rayfed.exact_sum.CompactSum)."""
 
     def __reduce__(self):
         return _rebuild, (type(self), tuple(_to_numpy(getattr(self, field.name)) for field in fields(self)))
@@ -24,7 +24,7 @@ class ShippedAsNumpy:
 
 def _to_numpy(value):
     if isinstance(value, ExactSum):
-        return value.pack()
+        return value.compact()
     if isinstance(value, Tensor) and value.device.type == "cpu" and value.dtype in _NUMPY_DTYPES:
         return value.numpy()
     if isinstance(value, dict):
@@ -157,9 +157,9 @@ class WorkerSums(ShippedAsNumpy):
     nbytes: list[int]
     floats: list[int]
     weighting: str
-    # Packed while they travel (rayfed.exact_sum.PackedSum), and added packed on the server's device.
-    sums: dict[str, ExactSum | PackedSum]
-    buffers: ExactSum | PackedSum
+    # Compacted while they travel (rayfed.exact_sum.CompactSum), and added so on the server's device.
+    sums: dict[str, ExactSum | CompactSum]
+    buffers: ExactSum | CompactSum
     timing: WorkerTiming | None = None
 
     @classmethod
