@@ -167,8 +167,8 @@ class ExactSum:
         # negative one too: the zeros below its lowest nonzero limb differ from its sign's repetition.
         count = torch.where(end > low, end - low, 0)
         # Coordinate after coordinate, each its digits from the lowest, as int32: their low 32 bits.
-        digits = self.limbs.view(-1)[_positions(low, count, int(count.sum()))] & _DIGIT_MASK
-        digits = ((digits ^ (1 << 31)) - (1 << 31)).to(torch.int32)
+        digits = self.limbs.view(-1)[_positions(low, count, int(count.sum()))]
+        digits = digits.bitwise_and_(_DIGIT_MASK).bitwise_xor_(1 << 31).sub_(1 << 31).to(torch.int32)
         flagged = self.flags.nonzero().flatten()
         return CompactSum(tuple(self.shape), self.terms, low, count, negative, digits, flagged, self.flags[flagged])
 
@@ -193,7 +193,7 @@ class ExactSum:
         which sum to -2^(32 end). That lands in limb `end`, or in the top limb, as -2^32, when the span
         reaches it. Each limb gains at most one digit, less than 2^32: one term's worth."""
         self._count(compact.terms, 1)
-        digits = compact.digits.to(torch.int64) & _DIGIT_MASK
+        digits = compact.digits.to(torch.int64).bitwise_and_(_DIGIT_MASK)
         self.limbs.view(-1).index_add_(0, _positions(compact.low, compact.count, len(digits)), digits)
         below_zero = compact.negative.nonzero().flatten()
         end = (compact.low[below_zero] + compact.count[below_zero]).long()
@@ -299,11 +299,13 @@ def _positions(low: Tensor, count: Tensor, digits: int) -> Tensor:
     """Where the `digits` digits of the coordinates' spans, low .. low + count - 1, are in the flattened limbs,
     coordinate after coordinate."""
     count = count.long()
-    coordinates = torch.repeat_interleave(torch.arange(len(count), device=count.device), count, output_size=digits)
-    # A digit's limb: its place in the list less its coordinate's first place, plus that coordinate's lowest limb.
-    places = torch.arange(digits, device=count.device) - torch.repeat_interleave(
-        torch.cumsum(count, 0) - count - low.long(), count, output_size=digits)
-    return places.mul_(len(count)).add_(coordinates)
+    numel = len(count)
+    # The digit at place p of the list, of coordinate c whose digits start at place s_c, is in limb low_c + p - s_c:
+    # at p numel + (c + (low_c - s_c) numel) of the flattened limbs.
+    offsets = torch.arange(numel, device=count.device).add_(
+        (low.long() + count).sub_(torch.cumsum(count, 0)).mul_(numel))
+    return torch.arange(digits, device=count.device).mul_(numel).add_(
+        torch.repeat_interleave(offsets, count, output_size=digits))
 
 
 # For each LIMBS-bit mask: its lowest set bit (LIMBS when none), and one past its highest (0 when none).
