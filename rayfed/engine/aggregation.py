@@ -88,7 +88,7 @@ def summed_uploads(summed: list[WorkerSums], counted: list[ClientRecord]) -> Sum
 
 
 def merged(sums) -> ExactSum:
-    """The sum of exact sums, into a fresh accumulator (the workers' are left as they were)."""
+    """The sum of exact sums, compacted or not, into a fresh accumulator (the workers' are left as they were)."""
     sums = list(sums)
     total = ExactSum(sums[0].shape, sums[0].device)
     for part in sums:
