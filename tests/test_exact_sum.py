@@ -242,13 +242,12 @@ def test_a_compacted_sum_adds_the_limbs_and_flags_it_was_compacted_from():
         # Reading the value leaves the limbs as they were.
         total.value()
         assert torch.equal(total.limbs, limbs)
-    small, large = (total.compact() for total in edge_coordinates())
+    small_sum, large_sum = sums[-2:]        # the edge coordinates, normalised above
+    assert large_sum.limbs[-1, :2].tolist() == [1, -2]
+    small, large = small_sum.compact(), large_sum.compact()
     assert small.low.tolist() == [LIMBS, 0, 1, 4, 4] and small.count.tolist() == [0, 0, 0, 1, 1]
     assert small.negative.tolist() == [False, True, True, False, True]
     assert large.low[0] + large.count[0] == large.low[1] + large.count[1] == LIMBS
-    large_limbs = edge_coordinates()[1]
-    large_limbs.normalise()
-    assert large_limbs.limbs[-1, :2].tolist() == [1, -2]
 
 
 def test_a_compacted_sum_carries_each_coordinates_digits_whatever_its_sign():
