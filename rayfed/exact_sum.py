@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rayfed.stored_arrays import owned_tensor
+
 DIGIT_BITS = 32
 # Terms touch limbs 0..9 (the top bit of m n at its highest place is 253 + 55 = 308); limb 10 holds
 # the carries of up to MAX_TERMS terms, with its sign: |sum| < 2^31 * 2^308 < 2^(32 * 10 + 31).
@@ -348,9 +350,7 @@ _TENSORS = ("low", "count", "negative", "digits", "flagged", "flags")
 
 def _compact_sum(shape: tuple[int, ...], terms: int, arrays: dict[str, np.ndarray]) -> CompactSum:
     arrays["negative"] = np.unpackbits(arrays["negative"], count=len(arrays["low"])).view(bool)
-    # An array read from Ray's object store is a read-only view of shared memory, which torch would not own.
-    return CompactSum(shape, terms, **{name: torch.from_numpy(array if array.flags.writeable else array.copy())
-                                       for name, array in arrays.items()})
+    return CompactSum(shape, terms, **{name: owned_tensor(array) for name, array in arrays.items()})
 
 
 def _expanded(compact: CompactSum) -> ExactSum:

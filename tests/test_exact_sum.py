@@ -2,6 +2,7 @@
 import math
 import pickle
 import random
+import warnings
 from fractions import Fraction
 
 import pytest
@@ -224,12 +225,24 @@ def edge_coordinates() -> list[ExactSum]:
             ExactSum((3,)).add(torch.tensor([[largest, -largest, 1.0]]).expand(5000, 3), 2 ** 31 - 1)]
 
 
+def from_object_store(compact: exact_sum.CompactSum) -> exact_sum.CompactSum:
+    """`compact` rebuilt as Ray rebuilds it from its object store: from read-only arrays, which the rebuilt sum
+    must copy (torch warns when it is handed one, and writing into it would write into the store)."""
+    rebuild, (shape, terms, arrays) = compact.__reduce__()
+    for array in arrays.values():
+        array.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return rebuild(shape, terms, arrays)
+
+
 def test_a_compacted_sum_adds_the_limbs_and_flags_it_was_compacted_from():
     sums = [ExactSum(values.shape[1:]).add(values, weights) for values, weights in stacks()] + edge_coordinates()
     for total in sums:
         total.normalise()
         limbs, flags = total.limbs.clone(), total.flags.clone()
-        for compact in (total.compact(), pickle.loads(pickle.dumps(total.compact()))):
+        shipped = pickle.loads(pickle.dumps(total.compact()))
+        for compact in (total.compact(), shipped, from_object_store(total.compact())):
             expanded = ExactSum(total.shape).merge(compact)
             expanded.normalise()
             assert torch.equal(expanded.limbs, limbs) and torch.equal(expanded.flags, flags)

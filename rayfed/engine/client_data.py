@@ -3,24 +3,16 @@ eager dataset, as the engine shipped it), or made on demand from an on-demand da
 (rayfed.data.lazy) when a client trains, and dropped with the round."""
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import torch
 from torch import Tensor
 
 from rayfed.data.lazy import ClientSource, is_lazy
 from rayfed.engine.gpu_share import export_handles, map_handles
+from rayfed.stored_arrays import shared_tensor
 
 # One client's data for one round: inputs and labels it indexes, and its rows in them.
 ClientRows = tuple[Tensor, Tensor, Tensor]
-
-
-def as_tensor(array: np.ndarray, device: torch.device) -> Tensor:
-    # Arrays from Ray's object store are read-only shared memory; we only ever read them.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.from_numpy(array).to(device)
 
 
 def worker_data(dataset, partition) -> tuple:
@@ -43,7 +35,7 @@ class SharedArrays:
 
     def resident(self) -> tuple[Tensor, Tensor]:
         if self.arrays is None:
-            self.arrays = (as_tensor(self.host[0], self.device), as_tensor(self.host[1], self.device))
+            self.arrays = (shared_tensor(self.host[0], self.device), shared_tensor(self.host[1], self.device))
         return self.arrays
 
     def export(self) -> list[tuple]:
@@ -54,7 +46,7 @@ class SharedArrays:
 
     def materialise(self, client_ids: list[int]) -> list[ClientRows]:
         train_x, train_y = self.resident()
-        return [(train_x, train_y, as_tensor(self.partition.client(client_id), self.device))
+        return [(train_x, train_y, shared_tensor(self.partition.client(client_id), self.device))
                 for client_id in client_ids]
 
 
@@ -70,8 +62,8 @@ class OnDemand:
         """The clients' samples in one pair of arrays (a batched round indexes them together)."""
         made = [self.source.client(client_id) for client_id in client_ids]
         sizes = [len(y) for _, y in made]
-        train_x = as_tensor(np.concatenate([x for x, _ in made]), self.device)
-        train_y = as_tensor(np.concatenate([y for _, y in made]), self.device)
+        train_x = shared_tensor(np.concatenate([x for x, _ in made]), self.device)
+        train_y = shared_tensor(np.concatenate([y for _, y in made]), self.device)
         starts = np.cumsum([0, *sizes[:-1]])
         return [(train_x, train_y, torch.arange(start, start + size, device=self.device))
                 for start, size in zip(starts.tolist(), sizes)]

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from rayfed.algorithms.base import Upload
 from rayfed.exact_sum import CompactSum, ExactSum
+from rayfed.stored_arrays import owned_tensor
 
 
 class ShippedAsNumpy:
@@ -34,8 +35,7 @@ def _to_numpy(value):
 
 def _from_numpy(value):
     if isinstance(value, np.ndarray):
-        # An array read from the object store is a read-only view of shared memory.
-        return torch.from_numpy(value if value.flags.writeable else value.copy())
+        return owned_tensor(value)
     if isinstance(value, dict):
         return {name: _from_numpy(item) for name, item in value.items()}
     return value

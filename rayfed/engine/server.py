@@ -28,12 +28,12 @@ from rayfed.engine.aggregation import Aggregation
 from rayfed.engine.evaluation import Evaluation, gradient_similarity
 from rayfed.engine.messages import Broadcast, WorkerResult, WorkerSums
 from rayfed.engine.process_memory import peak_rss
-from rayfed.engine.client_data import as_tensor
 from rayfed.engine.state_store import tensors_to
 from rayfed.engine.worker import device_for, threads_per_process
 from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, derive_seed
 from rayfed.selection.sampler import ClientSampler
+from rayfed.stored_arrays import shared_tensor
 from rayfed.systems.clients import ClientSystems
 from rayfed.systems.clock import SystemsClock
 from rayfed.systems.policy import RoundPlan
@@ -77,9 +77,9 @@ class Server:
         self.codec = Codec(config.compression, self.algorithm.compressed_upload, self.model.blocks,
                            self.model.num_params, config.seed)
         clients_train = (None if clients_train_data is None else
-                         tuple(as_tensor(array, self.device) for array in clients_train_data))
-        self.evaluation = Evaluation(self.model, (as_tensor(test_data[0], self.device),
-                                                  as_tensor(test_data[1], self.device)), clients_train, config.train)
+                         tuple(shared_tensor(array, self.device) for array in clients_train_data))
+        test = tuple(shared_tensor(array, self.device) for array in test_data)
+        self.evaluation = Evaluation(self.model, test, clients_train, config.train)
         self.warmup_rounds = config.selection.cacs_warmup_rounds
         self.continue_from_warmup = config.selection.cacs_continue_from_warmup
         # CACS's warm-up: the aggregation as it was before it and what it spent while it runs, then its account.
