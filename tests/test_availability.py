@@ -7,8 +7,9 @@ import pytest
 
 from rayfed.errors import ConfigError
 from rayfed.systems import AlwaysOnline, BernoulliOnline, MarkovOnline, TraceOnline, make_availability
-from rayfed.systems.availability import Stream
-from rayfed.systems.counter_random import ClientUniforms, _open_unit_interval, uniform
+from rayfed.systems import counter_random
+from rayfed.systems.availability import Stream, online_probabilities
+from rayfed.systems.counter_random import ClientUniforms, _open_unit_interval, uniform, uniform_thresholds
 
 EXAMPLE_TRACE = pathlib.Path(__file__).parents[1] / "experiments" / "systems" / "example_trace.csv"
 EXAMPLE_CLIENTS = 20
@@ -76,6 +77,33 @@ def test_client_uniforms_are_uniform_one_counter_at_a_time(seed, stream):
         np.testing.assert_array_equal(uniforms.at(counter), uniform(seed, stream, clients, counter))
 
 
+def test_the_integer_thresholds_compare_as_the_draws_do():
+    """k < uniform_thresholds(p) exactly when the draw with top bits k, (k + 0.5) / 2**52, is below p: at p equal
+    to a draw, one float either side of it, at 0, 1 and subnormals, and at random p."""
+    rng = np.random.default_rng(0)
+    tops = np.concatenate([[0, 1, 2, 2**51, 2**52 - 2, 2**52 - 1], rng.integers(0, 2**52, 200)]).astype(np.uint64)
+    draws = _open_unit_interval(tops << np.uint64(12))
+    probabilities = np.concatenate([draws, np.nextafter(draws, 0), np.nextafter(draws, 1), rng.random(200),
+                                    [0.0, 5e-324, 2.0**-60, 2.0**-54, 2.0**-53, 2.0**-52, 0.3, 1.0]])
+    thresholds = uniform_thresholds(probabilities)
+    assert thresholds.dtype == np.uint64
+    np.testing.assert_array_equal(tops[:, None] < thresholds[None, :], draws[:, None] < probabilities[None, :])
+
+
+@pytest.mark.parametrize("counter", [0, 1, 2**40])
+def test_below_answers_as_the_floats_block_by_block(counter):
+    """ClientUniforms.below, hashed a block at a time in place, gives at(counter) < p: over three blocks and a
+    part, with p at some clients' own draws (not below) and one float above them (below)."""
+    count = 3 * counter_random._BLOCK + 17
+    uniforms = ClientUniforms(5, 1, np.arange(count, dtype=np.uint64))
+    draws = uniforms.at(counter)
+    probabilities = np.random.default_rng(counter).beta(2.0, 3.0, count)
+    probabilities[::7], probabilities[3::7] = draws[::7], np.nextafter(draws[3::7], 1)
+    expected = draws < probabilities
+    np.testing.assert_array_equal(uniforms.below(counter, uniform_thresholds(probabilities)), expected)
+    assert not expected[::7].any() and expected[3::7].all()
+
+
 @pytest.mark.parametrize("clients, counters", [
     (np.arange(100_000), 9),                     # across clients
     (12345, np.arange(100_000)),                 # along one client's counters
@@ -118,21 +146,24 @@ def test_bernoulli_is_deterministic_per_seed_and_round_whatever_was_asked_before
     first, second = BernoulliOnline(500, 3, 0.6, 5.0), BernoulliOnline(500, 3, 0.6, 5.0)
     asked_late = [first.online(round, 0.0) for round in range(10)][7]
     np.testing.assert_array_equal(second.online(7, 99.0), asked_late)
-    np.testing.assert_array_equal(first.online_probabilities, second.online_probabilities)
+    np.testing.assert_array_equal(first.thresholds, second.thresholds)
+    # The definition: client i is online at round r when its uniform draw for r is below its p_i.
+    definition = uniform(3, Stream.BERNOULLI_ONLINE, np.arange(500), 7) < online_probabilities(500, 3, 0.6, 5.0)
+    np.testing.assert_array_equal(asked_late, definition)
 
 
 def test_bernoulli_differs_across_rounds_and_seeds():
     model = BernoulliOnline(1000, 3, 0.6, 5.0)
     assert not np.array_equal(model.online(0, 0.0), model.online(1, 0.0))
     assert not np.array_equal(model.online(0, 0.0), BernoulliOnline(1000, 4, 0.6, 5.0).online(0, 0.0))
-    assert not np.array_equal(model.online_probabilities, BernoulliOnline(1000, 4, 0.6, 5.0).online_probabilities)
+    assert not np.array_equal(online_probabilities(1000, 3, 0.6, 5.0), online_probabilities(1000, 4, 0.6, 5.0))
 
 
 def test_bernoulli_frequencies_follow_each_clients_probability():
     num_rounds = 2000
     model = BernoulliOnline(200, 11, 0.7, 4.0)
     frequency = np.mean([model.online(round, 0.0) for round in range(num_rounds)], axis=0)
-    p = model.online_probabilities
+    p = online_probabilities(200, 11, 0.7, 4.0)
     binomial_std = np.sqrt(p * (1 - p) / num_rounds)
     assert np.all(np.abs(frequency - p) <= 5 * binomial_std + 1e-12)
     # Clients do differ: the test above is not passing on p_i all alike.
@@ -141,7 +172,7 @@ def test_bernoulli_frequencies_follow_each_clients_probability():
 
 def test_bernoulli_probabilities_average_to_the_configured_mean():
     probability, concentration, num_clients = 0.8, 10.0, 20_000
-    p = BernoulliOnline(num_clients, 0, probability, concentration).online_probabilities
+    p = online_probabilities(num_clients, 0, probability, concentration)
     beta_variance = probability * (1 - probability) / (concentration + 1)
     assert abs(p.mean() - probability) < 5 * math.sqrt(beta_variance / num_clients)
     assert p.var() == pytest.approx(beta_variance, rel=0.05)
