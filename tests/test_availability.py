@@ -102,6 +102,8 @@ def test_below_answers_as_the_floats_block_by_block(counter):
     expected = draws < probabilities
     np.testing.assert_array_equal(uniforms.below(counter, uniform_thresholds(probabilities)), expected)
     assert not expected[::7].any() and expected[3::7].all()
+    with pytest.raises(ValueError, match=f"below takes uniform_thresholds of the {count} clients, not float64"):
+        uniforms.below(counter, probabilities)
 
 
 @pytest.mark.parametrize("clients, counters", [

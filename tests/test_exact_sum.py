@@ -5,6 +5,7 @@ import random
 import warnings
 from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 
@@ -231,9 +232,12 @@ def from_object_store(compact: exact_sum.CompactSum) -> exact_sum.CompactSum:
     rebuild, (shape, terms, arrays) = compact.__reduce__()
     for array in arrays.values():
         array.flags.writeable = False
+    stored = dict(arrays)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        return rebuild(shape, terms, arrays)
+        rebuilt = rebuild(shape, terms, arrays)
+    assert not any(np.shares_memory(getattr(rebuilt, name).numpy(), array) for name, array in stored.items())
+    return rebuilt
 
 
 def test_a_compacted_sum_adds_the_limbs_and_flags_it_was_compacted_from():

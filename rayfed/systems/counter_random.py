@@ -43,6 +43,9 @@ class ClientUniforms:
         """bool, at(counter) < p for one-dimensional clients, where `thresholds` = uniform_thresholds(p): the same
         answers without forming the floats, hashed in place a block of clients at a time."""
         count = len(self.keyed_clients)
+        if thresholds.dtype != np.uint64 or thresholds.shape != (count,):
+            raise ValueError(f"below takes uniform_thresholds of the {count} clients, not {thresholds.dtype} of shape "
+                             f"{thresholds.shape}")
         below = np.empty(count, dtype=bool)
         bits, scratch = np.empty(min(count, _BLOCK), np.uint64), np.empty(min(count, _BLOCK), np.uint64)
         word = np.uint64(counter)
