@@ -135,9 +135,7 @@ class BatchedModule:
         # Where each tracking BatchNorm layer's running mean and variance sit in FlatModel.buffers, by
         # BatchStatistics.index.
         self.running = [(buffer_offsets[f"{name}.running_mean"], buffer_offsets[f"{name}.running_var"],
-                         layer.num_features, layer.momentum)
-                        for name, layer in module.named_modules()
-                        if isinstance(layer, nn.modules.batchnorm._BatchNorm) and layer.track_running_stats]
+                         layer.num_features, layer.momentum) for name, layer in _tracking_norms(module)]
         self.draws_masks = any(isinstance(layer, MaskedDropout) for layer in self.module.modules())
         # The same layers on the meta device, whose passes record the Layout of a batch shape.
         self.probe_state = PassState()
@@ -173,12 +171,17 @@ class BatchedModule:
             buffers[:, var_at:var_at + width].mul_(1 - momentum).add_(var, alpha=momentum)
 
 
+def _tracking_norms(module: nn.Module) -> list[tuple[str, nn.modules.batchnorm._BatchNorm]]:
+    """The BatchNorm layers that keep running statistics, named, in named_modules' order: BatchStatistics.index
+    numbers them so."""
+    return [(name, layer) for name, layer in module.named_modules()
+            if isinstance(layer, nn.modules.batchnorm._BatchNorm) and layer.track_running_stats]
+
+
 def _rebuilt(module: nn.Module, state: PassState) -> nn.Module:
     """`module` with its BatchNorm and nn.Dropout layers replaced in place (BatchedModule); the tracking
     BatchNorm layers numbered in named_modules' order."""
-    tracking = {id(layer): index for index, layer in enumerate(
-        layer for layer in module.modules()
-        if isinstance(layer, nn.modules.batchnorm._BatchNorm) and layer.track_running_stats)}
+    tracking = {id(layer): index for index, (_, layer) in enumerate(_tracking_norms(module))}
     for parent in list(module.modules()):
         for name, child in parent.named_children():
             if isinstance(child, nn.modules.batchnorm._BatchNorm):
