@@ -11,7 +11,8 @@ from rayfed.algorithms.objective import Linear, LocalObjective, Proximal
 from rayfed.api import Result, release_actors, resume, run
 from rayfed.callbacks import Callback, RunView, Stop, register_callback
 from rayfed.compression import register_compressor
-from rayfed.config import Config, load_config
+from rayfed.config import Config
+from rayfed.preflight import load_config
 from rayfed.data import Dataset, Partition, PartitionRequest, register_dataset, register_partitioner
 from rayfed.errors import ConfigError, RunFinished, RunStopped
 from rayfed.models import ModelForward, register_model, with_structure

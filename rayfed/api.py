@@ -18,7 +18,8 @@ from rayfed.callbacks import Callback, ModelShape, build_configured, run_callbac
 from rayfed.callbacks.target import REACHED_TARGET
 from rayfed.checkpoint import CHECKPOINT, Checkpoint, check_belongs_to, lines_before, read_checkpoint
 from rayfed.checkpoint_content import Declared, check_content
-from rayfed.config import Config, check_path, load_config, resolve
+from rayfed.config import Config, check_path
+from rayfed.preflight import load_config, resolve
 from rayfed.data import Dataset, Partition, class_histogram, load_dataset, make_partition, write_histogram_csv
 from rayfed.data.lazy import SIZES_CSV_MAX_CLIENTS, ClientSizes, LazyDataset, client_sizes, is_lazy, write_sizes_csv
 from rayfed.engine import make_engine

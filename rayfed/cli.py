@@ -113,7 +113,7 @@ def _where_it_stopped(interrupt: KeyboardInterrupt) -> str:
 
 
 def _load(items: list[str]):
-    from rayfed.config import load_config
+    from rayfed.preflight import load_config
     paths = [item for item in items if "=" not in item]
     overrides = [item for item in items if "=" in item]
     if len(paths) > 1:

@@ -1,10 +1,13 @@
-"""Typed run configuration: pydantic models whose defaults are the embedded quick-start, YAML
-files, dotted `key=value` overrides, and validation that fails before any work starts.
+"""The config's schema: typed sections (pydantic models) whose defaults are the embedded quick-start,
+the `algorithm:` section validated by the Params of the algorithm it names, YAML files and dotted
+`key=value` overrides read into it, and what pydantic reports turned into one line that names the
+dotted key and what it admits (rayfed.errors.ConfigError, exit code 2).
 
-Each key declares its type and range where it is declared; what pydantic reports is turned into
-one line that names the dotted key and what it admits (rayfed.errors.ConfigError, exit code 2)."""
+It declares keys and nothing else: it imports nothing of rayfed but the typed fields, the
+registries (whose names some keys take) and the algorithm section's common keys. Whatever needs
+the world (plugins, datasets, models, memory, trackers) is checked by rayfed.preflight, which
+`rayfed.load_config` runs."""
 import difflib
-import functools
 import math
 import os
 import re
@@ -14,22 +17,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from rayfed.callbacks.registry import check_logging
-from rayfed.algorithms.params import AlgorithmParams, RunFacts, common_keys
-from rayfed.fields import MAX_COEFFICIENT, Flag, Names, allowed_values, count, number, read_float
-from rayfed.plugins import load_plugins
-from rayfed.registry import ALGORITHMS, COMPRESSORS, DATASETS, MODELS, PARTITIONERS, SELECTORS, Registry, did_you_mean
-from rayfed.data import missing_files
-from rayfed.data.datasets import NORMALIZATIONS
-from rayfed.data.lazy import TRAIN_LOSS_MAX_CLIENTS
+from rayfed.algorithms.params import AlgorithmParams, common_keys
 from rayfed.errors import ConfigError
-from rayfed.faults import SERVER, parse_fault
-from rayfed.selection.selectors import UCS_VARIANTS
-from rayfed.resources import check_availability_walk, check_memory, check_model
-from rayfed.systems.availability import AVAILABILITIES
+from rayfed.fields import MAX_COEFFICIENT, Flag, Names, allowed_values, count, number, read_float
+from rayfed.registry import ALGORITHMS, COMPRESSORS, DATASETS, MODELS, PARTITIONERS, SELECTORS, Registry, did_you_mean
 
 BACKENDS = ("local", "ray")
 PLACEMENTS = ("default", "spread")
@@ -41,6 +35,12 @@ WEIGHT_DECAY_MODES = ("coupled", "decoupled")
 INTERVALS = ("fixed", "adaptive")
 INTERVAL_ROUNDINGS = ("floor", "ceil")
 INTERVAL_UNITS = ("epochs", "steps")
+# The choices of keys whose components are not registries: the availability models
+# (rayfed.systems.availability), the image scalings (rayfed.data.datasets) and UCS's weightings
+# (rayfed.selection.selectors) each read theirs from here.
+AVAILABILITIES = ("always", "bernoulli", "markov", "trace")
+NORMALIZATIONS = ("channel", "half")
+UCS_VARIANTS = ("paper", "reference_code")
 # The adaptive interval's defaults: FedLALR's (k_init, k_alpha) = (4, 2) setting (arXiv:2309.09719, Sec. V-D).
 INTERVAL_DEFAULTS = {"interval_k_init": 4, "interval_k_alpha": 2.0, "interval_rounding": "floor",
                      "interval_unit": "epochs"}
@@ -83,7 +83,7 @@ MAX_CONFIG_FILE_BYTES = 2**20
 MAX_YAML_DEPTH = 32
 
 
-def _path_problem(value: str) -> str | None:
+def path_problem(value: str) -> str | None:
     if "\0" in value:
         return "contains a NUL byte, which no file name can hold"
     try:
@@ -101,13 +101,13 @@ def _path_problem(value: str) -> str | None:
 def check_path(key: str, value: str) -> None:
     """ConfigError unless `value` can name a file: no NUL byte, no name over 255 bytes, at most
     4096 bytes in all (beyond those, the operating system fails with an error of its own)."""
-    problem = _path_problem(value)
+    problem = path_problem(value)
     if problem:
-        raise ConfigError(f"{key}={_show(value)} {problem}")
+        raise ConfigError(f"{key}={show_value(value)} {problem}")
 
 
 def _valid_path(value: str) -> str:
-    problem = _path_problem(value)
+    problem = path_problem(value)
     if problem:
         raise ValueError(problem)
     return value
@@ -229,6 +229,8 @@ class ModelConfig(_Section):
 
 # The algorithm section: its common keys, and the chosen algorithm's own (rayfed.algorithms.params).
 AlgorithmConfig = AlgorithmParams
+# The quick-start's algorithm, where a config names none.
+DEFAULT_ALGORITHM = "fedavgm"
 
 
 class TrainConfig(_Section):
@@ -488,13 +490,25 @@ class Config(_Section):
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     # The registered algorithm's Params (a subclass), serialised with its own keys.
-    algorithm: SerializeAsAny[AlgorithmConfig] = Field(default_factory=lambda: defaultalgorithm_section())
+    algorithm: SerializeAsAny[AlgorithmConfig] = Field(default_factory=lambda: default_algorithm_section())
     train: TrainConfig = Field(default_factory=TrainConfig)
     systems: SystemsConfig = Field(default_factory=SystemsConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
     compression: CompressionConfig = Field(default_factory=CompressionConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _algorithm_params(cls, data: Any) -> Any:
+        """The `algorithm:` section is validated by the Params of the algorithm it names, from the keys
+        given alone: a mapping built in Python gets the same defaults as a file."""
+        if isinstance(data, dict) and "algorithm" in data and not isinstance(data["algorithm"], AlgorithmParams):
+            try:
+                return {**data, "algorithm": algorithm_section(data["algorithm"])}
+            except ConfigError as error:
+                raise PydanticCustomError("algorithm_section", str(error)) from None
+        return data
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(warnings=False)
@@ -507,67 +521,10 @@ class Config(_Section):
 # one, and `rayfed config`, each run's config.yaml and the config tests print whole configs.
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
-_LINE_BREAK = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 
 
-def _one_line(function):
-    """Errors are printed as one line: a value or a file name quoted in a message must not break it."""
-    @functools.wraps(function)
-    def wrapper(*args, **kwargs):
-        try:
-            return function(*args, **kwargs)
-        except ConfigError as error:
-            message = str(error)
-            if _LINE_BREAK.search(message):
-                raise ConfigError(_LINE_BREAK.sub(lambda match: ascii(match.group())[1:-1], message)) from None
-            raise
-    return wrapper
-
-
-@_one_line
-def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()) -> Config:
-    """The quick-start defaults, then the YAML file at `path`, then `key=value` overrides;
-    typed, resolved and validated. Raises ConfigError on any bad input."""
-    raw = Config().to_dict()
-    # The algorithm's own keys depend on algorithm.name, which the file or an override may change.
-    raw["algorithm"] = {key: raw["algorithm"][key] for key in common_keys()}
-    if path is not None:
-        _merge(raw, _read_yaml(path), prefix="")
-    for override in overrides:
-        _apply_override(raw, override)
-    plugins = raw.get("plugins")
-    if isinstance(plugins, list) and all(isinstance(plugin, str) and not _path_problem(plugin) for plugin in plugins):
-        load_plugins(plugins)       # before validation: they register the names the config may use
-    return resolve(_validated(raw))
-
-
-@_one_line
-def resolve(config: Config) -> Config:
-    """Validates `config` and fills in the choices left to rayfed ("auto", algorithm defaults).
-    Returns a new Config; the one given is not changed."""
-    load_plugins(config.plugins)
-    config = _validated(config.to_dict())
-    _check_combinations(config)
-    _resolve_partition(config.data)
-    if config.engine.backend == "local":
-        # The local engine is one in-process worker; recording another count would mislead.
-        config.engine.num_workers = 1
-    if config.model.name == "auto":
-        config.model.name = DATASETS.get(config.data.dataset).default_model
-    config.algorithm.check(RunFacts(
-        num_clients=config.data.num_clients, clients_per_round=config.train.clients_per_round,
-        everyone_every_round=(config.train.clients_per_round == config.data.num_clients
-                              and config.systems.availability == "always" and config.train.round_policy == "sync"),
-        compressor=config.compression.name))
-    _check_dataset_files(config)
-    model = check_model(config)
-    check_availability_walk(config, model)
-    check_memory(config, model)
-    check_logging(config.logging)
-    return config
-
-
-def _validated(raw: dict) -> Config:
+def validate(raw: dict) -> Config:
+    """The Config of a mapping of sections (as read_raw gives it), every key typed and in range."""
     raw = {**raw, "algorithm": algorithm_section(raw.get("algorithm", {}))}
     try:
         return Config.model_validate(raw)
@@ -575,8 +532,22 @@ def _validated(raw: dict) -> Config:
         raise ConfigError(_message(error)) from None
 
 
-def defaultalgorithm_section() -> AlgorithmParams:
-    return ALGORITHMS.get("fedavgm").target.Params(name="fedavgm")
+def read_raw(path: str | os.PathLike | None = None, overrides: list[str] = ()) -> dict:
+    """The sections' defaults (the quick-start's), then the YAML file at `path`, then `key=value`
+    overrides, as a mapping not yet validated. The `algorithm:` section holds only the keys given:
+    the Params of the algorithm it names fill in the rest, so that its own defaults (the common keys'
+    included) are the run's, whichever algorithm the quick-start's section names."""
+    raw = Config().to_dict()
+    raw["algorithm"] = {}
+    if path is not None:
+        _merge(raw, _read_yaml(path), prefix="")
+    for override in overrides:
+        _apply_override(raw, override)
+    return raw
+
+
+def default_algorithm_section() -> AlgorithmParams:
+    return ALGORITHMS.get(DEFAULT_ALGORITHM).target.Params(name=DEFAULT_ALGORITHM)
 
 
 def algorithm_section(raw: Any) -> AlgorithmParams:
@@ -586,9 +557,9 @@ def algorithm_section(raw: Any) -> AlgorithmParams:
         raw = raw.model_dump()
     if not isinstance(raw, dict):
         raise ConfigError(f"algorithm must be a mapping of keys ({', '.join(common_keys())}, ...)")
-    name = raw.get("name", "fedavgm")
+    name = raw.get("name", DEFAULT_ALGORITHM)
     if not isinstance(name, str) or name not in ALGORITHMS:
-        raise ConfigError(f"algorithm.name={_show(name)} is not one of: {', '.join(ALGORITHMS)}"
+        raise ConfigError(f"algorithm.name={show_value(name)} is not one of: {', '.join(ALGORITHMS)}"
                           f"{did_you_mean(name, ALGORITHMS.names())}")
     algorithm = ALGORITHMS.get(name).target
     params = algorithm.Params
@@ -603,7 +574,7 @@ def algorithm_section(raw: Any) -> AlgorithmParams:
         starting = [k for k in params.model_fields if k.startswith(str(key))]      # lr -> lr_local, as elsewhere
         close = starting[:1] or difflib.get_close_matches(str(key), list(params.model_fields), n=1)
         close = f" (did you mean {'algorithm.' + close[0]!r}?)" if close else ""
-        raise ConfigError(f"unknown key {_show(f'algorithm.{key}')}{close}")
+        raise ConfigError(f"unknown key {show_value(f'algorithm.{key}')}{close}")
     try:
         section = params.model_validate({key: value for key, value in raw.items()
                                          if value is not None and key in params.model_fields})
@@ -615,209 +586,6 @@ def algorithm_section(raw: Any) -> AlgorithmParams:
         raise ConfigError(f"algorithm.agg_weighting={section.agg_weighting} does not apply to {name}, which "
                           f"averages the latest updates of all clients")
     return section
-
-
-def _check_combinations(config: Config) -> None:
-    train, data, engine = config.train, config.data, config.engine
-    deadline = train.deadline_s
-    if train.round_policy == "deadline" and deadline is None:
-        raise ConfigError("train.round_policy=deadline needs train.deadline_s > 0 (virtual seconds)")
-    if deadline is not None and train.round_policy != "deadline":
-        raise ConfigError(f"train.deadline_s is only used with train.round_policy=deadline, not {train.round_policy}")
-    _resolve_async(config)
-    _resolve_interval(train)
-    _check_selection(config)
-    _resolve_compression(config)
-    if data.normalize != "channel" and not DATASETS.get(data.dataset).normalizable:
-        normalizable = [entry.name for entry in DATASETS.entries() if entry.normalizable]
-        raise ConfigError(f"data.normalize={data.normalize} applies to the torchvision image datasets "
-                          f"({', '.join(normalizable)}), not data.dataset={data.dataset}")
-    if (engine.round_timeout_s is not None or engine.fault_injection) and engine.backend != "ray":
-        raise ConfigError("engine.round_timeout_s and engine.fault_injection need engine.backend=ray")
-    actor_keys = [f"engine.{key}={value}" for key, value, default in (
-        ("placement", engine.placement, "default"), ("worker_loss", engine.worker_loss, "continue"),
-        ("server", engine.server, "actor"))
-        if value != default]
-    if actor_keys and engine.backend != "ray":
-        verb = "needs" if len(actor_keys) == 1 else "need"
-        raise ConfigError(f"{' and '.join(actor_keys)} {verb} engine.backend=ray: the local engine has no actors to "
-                          f"place or lose")
-    for entry in engine.fault_injection:
-        if parse_fault(entry, engine.num_workers).target == SERVER and engine.server == "driver":
-            raise ConfigError(f"engine.fault_injection entry {entry!r} kills the server, which engine.server=driver "
-                              f"runs in the driver's own process; set engine.server=actor to test a server death")
-    if train.similarity_clients > data.num_clients:
-        raise ConfigError(f"train.similarity_clients={train.similarity_clients} exceeds data.num_clients="
-                          f"{data.num_clients}: the diagnostic compares clients 0 .. n-1")
-    if train.clients_per_round > data.num_clients:
-        raise ConfigError(f"train.clients_per_round={train.clients_per_round} exceeds "
-                          f"data.num_clients={data.num_clients}; it must be at most that")
-    if engine.num_workers > data.num_clients:
-        raise ConfigError(f"engine.num_workers={engine.num_workers} exceeds "
-                          f"data.num_clients={data.num_clients}; a worker hosts at least one client")
-    if engine.partial_sums:
-        _check_partial_sums(config)
-    if train.eval_train_loss and DATASETS.get(data.dataset).lazy and data.num_clients > TRAIN_LOSS_MAX_CLIENTS:
-        raise ConfigError(f"train.eval_train_loss evaluates every client's training samples, which "
-                          f"data.dataset={data.dataset} makes on demand; with data.num_clients={data.num_clients} "
-                          f"(more than {TRAIN_LOSS_MAX_CLIENTS}) set train.eval_train_loss=false")
-
-
-def _check_partial_sums(config: Config) -> None:
-    """engine.partial_sums: the server sees only the sum of each worker's uploads, so whatever needs
-    them one by one is refused."""
-    name = config.algorithm.name
-    if not _algorithm_class(config).linear_uploads:
-        raise ConfigError(f"engine.partial_sums does not apply to {name}, whose server step reads each client's "
-                          f"upload (it applies to: {', '.join(_algorithms_that(lambda cls: cls.linear_uploads))})")
-    if config.compression.name != "identity":
-        raise ConfigError(f"engine.partial_sums needs compression.name=identity, not {config.compression.name}: "
-                          f"compressed messages are decoded one by one on the server")
-    if config.selection.selector != "uniform":
-        raise ConfigError(f"engine.partial_sums needs selection.selector=uniform, not {config.selection.selector}: "
-                          f"its per-client aggregation weights are not integers the workers can sum exactly")
-    if config.train.round_policy == "async_buffered":
-        raise ConfigError("engine.partial_sums does not apply with train.round_policy=async_buffered: the server "
-                          "buffers each client's upload until it arrives")
-
-
-def _check_selection(config: Config) -> None:
-    """A selector other than uniform weights the round's clients itself (FedMoS, Sec. IV-A): the
-    combinations where those weights are not defined are refused."""
-    selection = config.selection
-    selector, algorithm = selection.selector, config.algorithm.name
-    for key, default in CACS_DEFAULTS.items():
-        if selector != "cacs" and getattr(selection, key) is not None:
-            raise ConfigError(f"selection.{key} only applies to selection.selector=cacs")
-        if selector == "cacs" and getattr(selection, key) is None:
-            setattr(selection, key, config.train.clients_per_round if key == "cacs_clusters" else default)
-    if selector != "ucs" and selection.ucs_variant != "paper":
-        raise ConfigError("selection.ucs_variant only applies to selection.selector=ucs")
-    if selector == "uniform":
-        return
-    if config.train.round_policy != "sync":
-        raise ConfigError(f"selection.selector={selector} needs train.round_policy=sync: dropping or adding "
-                          f"clients after the draw would leave its weights biased")
-    if config.algorithm.agg_weighting != "uniform":
-        raise ConfigError(f"algorithm.agg_weighting={config.algorithm.agg_weighting} does not apply with "
-                          f"selection.selector={selector}, whose weights already follow the clients' sample counts")
-    if (not SELECTORS.get(selector).unit_weight_sum and config.selection.ucs_variant == "paper"
-            and _algorithm_class(config).averages_models):
-        raise ConfigError(f"selection.selector=ucs (ucs_variant=paper) does not apply to {algorithm}: its weights "
-                          f"sum to 1 only on average, and {algorithm} averages models, not updates")
-
-
-def _resolve_compression(config: Config) -> None:
-    """Fills the chosen compressor's defaults; a key of another operator is an error, as is a
-    compressor for an algorithm whose upload it cannot carry."""
-    compression = config.compression
-    takes = COMPRESSORS.get(compression.name).keys
-    for key in ("levels", "kept", "ratio", "bits", "zero_point_noise"):
-        if key not in takes and getattr(compression, key) is not None:
-            users = [entry.name for entry in COMPRESSORS.entries() if key in entry.keys]
-            raise ConfigError(f"compression.{key} only applies to compression.name={' or '.join(users)}")
-    if compression.kept is not None and compression.ratio is not None:
-        raise ConfigError("compression.kept and compression.ratio both give a sparsifier's k: set one")
-    for key, default in takes.items():
-        if getattr(compression, key) is None and not (key == "ratio" and compression.kept is not None):
-            setattr(compression, key, default)
-    if compression.per_tensor and compression.name == "identity":
-        raise ConfigError("compression.per_tensor only applies with a compression.name other than identity")
-    compressing = _algorithms_that(lambda algorithm: algorithm.compressed_upload and algorithm.takes_compression)
-    if compression.downlink and (config.algorithm.name not in compressing or not _algorithm_class(config).replies
-                                 or compression.name in ("identity", "top_k")):
-        replying = ", ".join(name for name in compressing if ALGORITHMS.get(name).target.replies)
-        raise ConfigError(f"compression.downlink compresses FedCOMGATE's reply, the average of the messages: it "
-                          f"needs an algorithm whose server replies to compressed uploads (algorithm.name={replying}) "
-                          f"and a dense compressor (a sum of top-k vectors is not sparse)")
-    if compression.name != "identity" and config.algorithm.name not in compressing:
-        raise ConfigError(f"compression.name={compression.name} does not apply to {config.algorithm.name}, whose "
-                          f"uploads are not one model update (compression applies to: {', '.join(compressing)})")
-
-
-def _algorithm_class(config: Config) -> type:
-    return ALGORITHMS.get(config.algorithm.name).target
-
-
-def _algorithms_that(has) -> list[str]:
-    """The registered algorithms whose class has a capability (`has(cls)` is true)."""
-    return [entry.name for entry in ALGORITHMS.entries() if has(entry.target)]
-
-
-def _resolve_interval(train: TrainConfig) -> None:
-    if train.interval == "fixed":
-        for key in INTERVAL_DEFAULTS:
-            if getattr(train, key) is not None:
-                raise ConfigError(f"train.{key} is only used with train.interval=adaptive")
-        return
-    if train.local_epochs is not None:
-        raise ConfigError("train.local_epochs does not apply with train.interval=adaptive, whose "
-                          "interval_k_init + log_{interval_k_alpha}(t) counts the local work (in train.interval_unit)")
-    for key, default in INTERVAL_DEFAULTS.items():
-        if getattr(train, key) is None:
-            setattr(train, key, default)
-
-
-def _resolve_async(config: Config) -> None:
-    train = config.train
-    if train.round_policy != "async_buffered":
-        for key in ("concurrency", "buffer_size"):
-            if getattr(train, key) is not None:
-                raise ConfigError(f"train.{key} is only used with train.round_policy=async_buffered")
-        if train.staleness_weight != "none":
-            raise ConfigError("train.staleness_weight is only used with train.round_policy=async_buffered")
-        return
-    if train.buffer_size is None:
-        train.buffer_size = train.clients_per_round
-    if train.concurrency is None:
-        train.concurrency = train.buffer_size
-    if not 1 <= train.buffer_size <= train.concurrency <= config.data.num_clients:
-        raise ConfigError(f"train.round_policy=async_buffered needs 1 <= train.buffer_size ({train.buffer_size}) "
-                          f"<= train.concurrency ({train.concurrency}) <= data.num_clients "
-                          f"({config.data.num_clients})")
-    algorithm = _algorithm_class(config)
-    if algorithm.averages_models:
-        raise ConfigError(f"train.round_policy=async_buffered does not apply to {config.algorithm.name}, whose "
-                          f"clients upload models and moments: stale ones would pull the server's back")
-    if not algorithm.runs_async:
-        raise ConfigError(f"train.round_policy=async_buffered does not apply to {config.algorithm.name}: its clients "
-                          f"need the server's step of the round they trained in, which a buffered server never forms")
-    if train.staleness_weight != "none" and not algorithm.staleness_weighted:
-        raise ConfigError(f"train.staleness_weight={train.staleness_weight} scales model updates; "
-                          f"{config.algorithm.name} uploads something else (use it with "
-                          f"{', '.join(_algorithms_that(lambda cls: cls.staleness_weighted))})")
-
-
-def _resolve_partition(data: DataConfig) -> None:
-    """data.partition=auto is the dataset's own clients where it has them, dirichlet otherwise; a
-    partition the dataset or the partitioner's own check refuses is an error."""
-    dataset = DATASETS.get(data.dataset)
-    if data.partition == "auto":
-        data.partition = "natural" if dataset.natural else "dirichlet"
-    if data.partition == "natural" and not dataset.natural:
-        natural = [entry.name for entry in DATASETS.entries() if entry.natural]
-        raise ConfigError(f"data.partition=natural is only available for data.dataset={', '.join(natural[:-1])} or "
-                          f"{natural[-1]}; use iid, dirichlet or shards")
-    if dataset.partitions is not None and data.partition not in dataset.partitions:
-        raise ConfigError(f"data.partition={data.partition} does not apply to data.dataset={data.dataset}, "
-                          f"which takes data.partition={' or '.join(dataset.partitions)}")
-    check = PARTITIONERS.get(data.partition).check
-    if check is not None:
-        check(data)
-
-
-def _check_dataset_files(config: Config) -> None:
-    if config.data.download or DATASETS.get(config.data.dataset).missing_files is None:
-        return
-    try:
-        missing = missing_files(config.data.dataset, config.data.root)
-    except OSError as error:
-        raise ConfigError(f"data.root={_show(config.data.root)} cannot be read ({error.strerror})") from None
-    if missing:
-        folder = missing[0].parent
-        names = ", ".join(path.name for path in missing)
-        raise ConfigError(f"{config.data.dataset} files missing under {folder}: {names} "
-                          f"(put the official files there, or set data.download=true)")
 
 
 # ---- messages ----
@@ -834,24 +602,26 @@ def _message(error: ValidationError, root: type[BaseModel] | None = None, prefix
     kind, value, context = first["type"], first["input"], first.get("ctx", {})
     key = prefix + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"])[1:]
     declared = _declared(first["loc"], root or Config)
+    if kind == "algorithm_section":
+        return first["msg"]
     if kind == "extra_forbidden":
-        return f"unknown key {_show(key)}{_did_you_mean_key(key)}"
+        return f"unknown key {show_value(key)}{_did_you_mean_key(key)}"
     if kind in _TYPE_WORDS:
-        return f"{key} must be {_TYPE_WORDS[kind]}, got {_show(value)} ({type(value).__name__})"
+        return f"{key} must be {_TYPE_WORDS[kind]}, got {show_value(value)} ({type(value).__name__})"
     if kind == "list_type":
         item = typing.get_args(_list_type(declared))[0]
-        return f"{key} must be a list of {typing.get_args(item)[0].__name__}, got {_show(value)}"
+        return f"{key} must be a list of {typing.get_args(item)[0].__name__}, got {show_value(value)}"
     if kind in ("model_type", "model_attributes_type"):
         return f"{key} must be a mapping of keys ({', '.join(declared.model_fields)})"
     if kind == "registered_name":
         choices = context["choices"]
-        return f"{key}={_show(value)} is not one of: {', '.join(choices)}{did_you_mean(value, choices)}"
+        return f"{key}={show_value(value)} is not one of: {', '.join(choices)}{did_you_mean(value, choices)}"
     if kind == "literal_error":
         choices = typing.get_args(declared)
         if root is not None and first["loc"][0] not in common_keys():
             # An algorithm's own choice, worded as its ranges are.
-            return f"{key}={_show(value)} must be {allowed_values(declared)}"
-        return f"{key}={_show(value)} is not one of: {', '.join(choices)}{did_you_mean(value, choices)}"
+            return f"{key}={show_value(value)} must be {allowed_values(declared)}"
+        return f"{key}={show_value(value)} is not one of: {', '.join(choices)}{did_you_mean(value, choices)}"
     if kind == "finite_number" or kind in _BOUND_ERRORS:
         # Shown as the float it was read as (0 as 0.0, '1e3' as 1000.0), or as given when too large
         # for one. pydantic checks the bounds before finiteness, so a NaN fails "> 0" first.
@@ -859,13 +629,13 @@ def _message(error: ValidationError, root: type[BaseModel] | None = None, prefix
         if isinstance(value, int) and number == math.inf:
             number = value
         if isinstance(number, float) and not math.isfinite(number):
-            return f"{key}={_show(number)} must be a finite number"
-        return f"{key}={_show(number)} must be {allowed_values(declared)}"
+            return f"{key}={show_value(number)} must be a finite number"
+        return f"{key}={show_value(number)} must be {allowed_values(declared)}"
     if kind in ("too_long", "string_too_long"):
         return f"{key} may hold at most {context['max_length']} {'entries' if kind == 'too_long' else 'characters'}"
     if kind == "value_error":
-        return f"{key}={_show(value)} {context['error']}"
-    return f"{key}={_show(value)} is not allowed ({first['msg']})"
+        return f"{key}={show_value(value)} {context['error']}"
+    return f"{key}={show_value(value)} is not allowed ({first['msg']})"
 
 
 def _declared(loc: tuple, root: type[BaseModel]) -> Any:
@@ -905,13 +675,13 @@ class _ShortRepr(reprlib.Repr):
         return super().repr_int(value, level)
 
 
-_show = _ShortRepr().repr
+show_value = _ShortRepr().repr
 
 
 def _name(path) -> str:
     """A file name as given, or its short repr when it is long or holds control characters."""
     text = str(path)
-    return text if 0 < len(text) <= 120 and text.isprintable() else _show(text)
+    return text if 0 < len(text) <= 120 and text.isprintable() else show_value(text)
 
 
 def all_keys() -> list[str]:
@@ -963,7 +733,7 @@ class _Loader(yaml.SafeLoader):
             return super().construct_object(node, deep)
         except ValueError as error:
             reason = str(error).split(";")[0]
-            raise yaml.constructor.ConstructorError(None, None, f"cannot read {_show(node.value)} ({reason})",
+            raise yaml.constructor.ConstructorError(None, None, f"cannot read {show_value(node.value)} ({reason})",
                                                     node.start_mark) from None
 
 
@@ -979,7 +749,7 @@ def _parse_yaml(text: str, what: str, positions: bool = True) -> Any:
 
 def _read_yaml(path: str | os.PathLike) -> dict:
     where = f"config file {_name(path)}"
-    problem = _path_problem(os.fspath(path))
+    problem = path_problem(os.fspath(path))
     if problem:
         raise ConfigError(f"{where} {problem}")
     path = Path(path)
@@ -1011,16 +781,16 @@ def _apply_override(raw: dict, text: str) -> None:
     dotted, separator, value = text.partition("=")
     dotted = dotted.strip()
     if not separator or not dotted:
-        raise ConfigError(f"override {_show(text)} must look like key=value, e.g. train.rounds=10")
+        raise ConfigError(f"override {show_value(text)} must look like key=value, e.g. train.rounds=10")
     node = raw
     parts = dotted.split(".")
     for part in parts[:-1]:
         node = node.get(part)
         if not isinstance(node, dict):
-            raise ConfigError(f"unknown key {_show(dotted)}{_did_you_mean_key(dotted)}")
+            raise ConfigError(f"unknown key {show_value(dotted)}{_did_you_mean_key(dotted)}")
     leaf = parts[-1]
     if leaf not in node and not (node is raw.get("algorithm") and len(parts) == 2):
-        raise ConfigError(f"unknown key {_show(dotted)}{_did_you_mean_key(dotted)}")
+        raise ConfigError(f"unknown key {show_value(dotted)}{_did_you_mean_key(dotted)}")
     if isinstance(node.get(leaf), dict) and _is_section(parts):
         raise ConfigError(f"{dotted} is a section; set one of its keys, e.g. {dotted}.{next(iter(node[leaf]))}=...")
     # A key whose value the file gave as a mapping (where a scalar belongs) takes the override's value.
@@ -1039,7 +809,7 @@ def _merge(target: dict, source: dict, prefix: str) -> None:
     for key, value in source.items():
         dotted = f"{prefix}{key}"
         if key not in target and prefix != "algorithm.":
-            raise ConfigError(f"unknown key {_show(dotted)}{_did_you_mean_key(dotted)}")
+            raise ConfigError(f"unknown key {show_value(dotted)}{_did_you_mean_key(dotted)}")
         if isinstance(target.get(key), dict):
             if not isinstance(value, dict):
                 raise ConfigError(f"{dotted} must be a mapping of keys ({', '.join(target[key])})")

@@ -8,7 +8,8 @@ import typing
 
 import pytest
 
-from rayfed.config import Config, all_keys, check_path, load_config, resolve
+from rayfed.config import Config, all_keys, check_path
+from rayfed.preflight import load_config, resolve
 from rayfed.errors import ConfigError
 from rayfed.registry import MODELS
 
@@ -240,12 +241,12 @@ def test_shipped_configs_and_bench_workloads_pass_the_checks(tmp_path, monkeypat
     resolve. The datasets' files need not be here (nor downloadable: LEAF's Shakespeare is not)."""
     from pathlib import Path
     import yaml
-    import rayfed.config
+    import rayfed.preflight
     from rayfed.bench.workloads import WORKLOADS, workload_config
     from rayfed.sweep.spec import read_sweep
     root = Path(__file__).parents[1]
     monkeypatch.chdir(root)
-    monkeypatch.setattr(rayfed.config, "_check_dataset_files", lambda config: None)
+    monkeypatch.setattr(rayfed.preflight, "_check_dataset_files", lambda config: None)
     for path in sorted((root / "experiments").rglob("*.yaml")):
         if "grid" in yaml.safe_load(path.read_text()):
             assert read_sweep(str(path.relative_to(root)), [], tmp_path / "base.yaml").trials

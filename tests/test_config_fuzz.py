@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rayfed.cli import main
-from rayfed.config import Config, all_keys, load_config
+from rayfed.config import Config, all_keys
+from rayfed.preflight import load_config
 
 KEYS = all_keys()
 MISSPELLED_KEYS = ["train.round", "algorithm.lr", "model", "data", "engine.backend.x", "seedling", "a\nb", "x\0y"]

@@ -11,7 +11,7 @@ import pytest
 import torchvision.datasets
 
 from rayfed.data import DATASETS, class_histogram, load_dataset, make_partition, missing_files
-from rayfed.config import load_config
+from rayfed.preflight import load_config
 from rayfed.data import datasets
 from rayfed.data import required_files
 from rayfed.errors import ConfigError

@@ -4,7 +4,7 @@ import torch
 
 from rayfed.algorithms.base import Upload, weighted_average
 from rayfed.algorithms.fedavg import FedAvgM
-from rayfed.config import load_config
+from rayfed.preflight import load_config
 from rayfed.errors import ConfigError
 from tests.fakes import DIM, client, make, run_rounds
 

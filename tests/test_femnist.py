@@ -6,7 +6,7 @@ import pytest
 
 import rayfed
 from rayfed.api import load_data
-from rayfed.config import load_config
+from rayfed.preflight import load_config
 from rayfed.errors import ConfigError
 
 WRITERS = {"f0001": (12, 3), "f0002": (7, 2), "f0003": (20, 5), "f0004": (9, 0), "f0005": (15, 4)}

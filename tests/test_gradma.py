@@ -7,7 +7,7 @@ import torch
 
 from rayfed.algorithms.base import RoundInfo, Upload
 from rayfed.algorithms.gradma import GradMA, GradMAClientState
-from rayfed.config import load_config
+from rayfed.preflight import load_config
 from rayfed.errors import ConfigError
 from rayfed.qp import QPInfo, cone_project
 from tests.fakes import DIM, NUM_CLIENTS, SCHEDULE, client, make, run_rounds

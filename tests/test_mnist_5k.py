@@ -9,7 +9,7 @@ import pytest
 
 import rayfed
 from rayfed.cli import main
-from rayfed.config import load_config
+from rayfed.preflight import load_config
 from rayfed.data import load_dataset, make_partition, missing_files
 from rayfed.data import mnist_5k
 from rayfed.errors import ConfigError

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import rayfed
-from rayfed.config import load_config
+from rayfed.preflight import load_config
 from rayfed.engine.worker import ClientTask
 from rayfed.errors import ConfigError
 from rayfed.models import FlatModel, build_model

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import rayfed.api
-from rayfed.config import load_config
+from rayfed.preflight import load_config
 from rayfed.data import Dataset
 from rayfed.data.partition import (Partition, class_histogram, feddyn_handouts, make_partition, partition_dirichlet,
                                    partition_iid, partition_shards, write_histogram_csv)

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import rayfed
-from rayfed.config import load_config
+from rayfed.preflight import load_config
 from rayfed.errors import ConfigError
 from rayfed.models import FlatModel, ModelForward, build_model
 from rayfed.models.forward import structure_of

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from rayfed.algorithms.base import Upload
-from rayfed.config import load_config
+from rayfed.preflight import load_config
 from rayfed.data import load_dataset
 from rayfed.engine.messages import ClientResult, WorkerResult
 from rayfed.engine.server import Server

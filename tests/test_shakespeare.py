@@ -9,7 +9,7 @@ import torch
 
 import rayfed
 from rayfed.cli import main
-from rayfed.config import load_config
+from rayfed.preflight import load_config
 from rayfed.data import load_dataset, make_partition, missing_files
 from rayfed.data import leaf as leaf_json, shakespeare
 from rayfed.data.shakespeare import NUM_CHARACTERS, SEQUENCE_LENGTH, VOCABULARY, encode, read_split

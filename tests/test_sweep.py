@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from rayfed.cli import main
-from rayfed.config import load_config
+from rayfed.preflight import load_config
 from rayfed.metrics import WALL_CLOCK_KEYS
 from rayfed.sweep.runner import trial_bundles, trial_resources
 from rayfed.sweep.select import select

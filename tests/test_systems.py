@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import rayfed
-from rayfed.config import load_config
+from rayfed.preflight import load_config
 from rayfed.engine.worker import ClientWorker
 from rayfed.models import FlatModel, build_model
 from rayfed.errors import ConfigError

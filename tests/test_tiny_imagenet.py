@@ -14,7 +14,7 @@ from PIL import Image
 
 import rayfed
 from rayfed.cli import main
-from rayfed.config import load_config
+from rayfed.preflight import load_config
 from rayfed.data import load_dataset, missing_files, required_files
 from rayfed.errors import ConfigError
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from rayfed.algorithms.base import AlgorithmContext, build_algorithm
 from rayfed.algorithms.local_training import TrainingTask
-from rayfed.config import load_config
+from rayfed.preflight import load_config
 from rayfed.engine import vectorized
 from rayfed.engine.vectorized import BatchedModule, ClientBatchTask, vectorize_blocker
 from rayfed.engine.worker import ClientTask, assign_to_workers

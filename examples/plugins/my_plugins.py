@@ -41,7 +41,12 @@ class FedAvgNesterov(rayfed.Algorithm):
     Params = NesterovParams
     state_classes = (NesterovState,)
     keeps_client_state = False
+    # Capabilities are off unless declared: it takes algorithm.lr_global and agg_weighting, and its
+    # model change may be compressed.
+    server_lr = True
+    weighted = True
     compressed_upload = "model_change"
+    takes_compression = True
 
     def __init__(self, params: NesterovParams, context: rayfed.AlgorithmContext):
         self.lr_local, self.lr_global = params.lr_local, params.lr_global

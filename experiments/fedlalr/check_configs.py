@@ -12,7 +12,7 @@ import sys
 import yaml
 
 from hparams import TABLE
-from rayfed.config import load_config
+from rayfed.preflight import load_config
 from rayfed.errors import ConfigError
 
 HERE = pathlib.Path(__file__).parent

@@ -16,7 +16,7 @@ import ray
 import torch
 
 import rayfed
-from rayfed.config import load_config
+from rayfed.preflight import load_config
 
 if not torch.cuda.is_available():
     raise SystemExit("gpu_checks: no GPU here")

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import rayfed
-from rayfed.config import load_config
+from rayfed.preflight import load_config
 
 if not torch.cuda.is_available():
     raise SystemExit("gpu_vectorize: no GPU here")

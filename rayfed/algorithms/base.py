@@ -140,11 +140,12 @@ class Algorithm:
     Params: type[AlgorithmParams] = AlgorithmParams
     # Every class its server and client states are made of (tensors and plain containers aside).
     state_classes: tuple[type, ...] = ()
-    # Whether algorithm.lr_global and algorithm.agg_weighting apply.
-    server_lr = True
-    weighted = True
+    # Whether algorithm.lr_global and algorithm.agg_weighting apply: without them the section refuses
+    # either key set to anything but its default, and `rayfed algorithms NAME` leaves it out.
+    server_lr = False
+    weighted = False
     # Whether it runs under train.round_policy=async_buffered, where uploads come from older models.
-    runs_async = True
+    runs_async = False
     # Whether train.staleness_weight may scale its uploads: only meaningful where an upload is a model change.
     staleness_weighted = False
     # Whether its server averages the clients' models (not model changes): such an average needs
@@ -152,7 +153,7 @@ class Algorithm:
     averages_models = False
     # Whether compression.* may encode its `compressed_upload` (an algorithm may name the upload that
     # its reply logic reads without taking compression, as FedGATE does).
-    takes_compression = True
+    takes_compression = False
 
     # Whether clients carry state from round to round (client_init/client_train): such clients
     # must always train on the worker that holds it; stateless ones can train anywhere.

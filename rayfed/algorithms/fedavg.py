@@ -46,6 +46,10 @@ class FedAvgM(Algorithm):
     """FedAvgM (Hsu et al., 2019, arXiv:1909.06335): FedAvg with server heavy-ball momentum."""
 
     Params = ServerMomentum
+    server_lr = True
+    weighted = True
+    runs_async = True
+    takes_compression = True
     state_classes = (FedAvgMState, ServerOptimizerState)
     linear_uploads = True
     staleness_weighted = True

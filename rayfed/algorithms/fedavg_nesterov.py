@@ -40,6 +40,10 @@ class FedAvgNesterov(Algorithm):
     """FedAvg with server Nesterov momentum (Sutskever et al., ICML 2013, Eq. 3-4)."""
 
     Params = NesterovParams
+    server_lr = True
+    weighted = True
+    runs_async = True
+    takes_compression = True
     state_classes = (FedAvgNesterovState, ServerOptimizerState)
     linear_uploads = True
     keeps_client_state = False

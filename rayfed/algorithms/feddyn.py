@@ -52,6 +52,7 @@ class FedDyn(Algorithm):
     """FedDyn (Acar et al., ICLR 2021, arXiv:2111.04263, Algorithm 1)."""
 
     Params = FedDynParams
+    weighted = True
     state_classes = (FedDynServerState, FedDynClientState)
     server_lr = False
     # The server's correction assumes every model change starts from the current x_t.

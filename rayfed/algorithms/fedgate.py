@@ -76,6 +76,8 @@ class FedGATE(Algorithm):
     compressed upload."""
 
     Params = FedCOMGATEParams
+    server_lr = True
+    takes_compression = True
     state_classes = (FedGATEServerState, FedGATEClientState)
     linear_uploads = True
     weighted = False

@@ -63,6 +63,7 @@ class FedLALR(Algorithm):
     """FedLALR (Sun et al., 2023, arXiv:2309.09719, Algorithm 1): local AMSGrad whose x, m and v_hat the server averages."""
 
     Params = FedLALRParams
+    weighted = True
     state_classes = (FedLALRState,)
     server_lr = False
     # Clients upload models and moments, not changes: averaging those of clients that started from

@@ -54,6 +54,9 @@ class FedMoS(Algorithm):
     """FedMoS (Wang et al., INFOCOM 2023): STORM client momentum, a proximal pull, server heavy ball."""
 
     Params = FedMoSParams
+    weighted = True
+    runs_async = True
+    takes_compression = True
     state_classes = (FedMoSState, ServerOptimizerState)
     linear_uploads = True
     server_lr = False

@@ -53,6 +53,10 @@ class FedOptState:
 
 
 class FedOpt(Algorithm):
+    server_lr = True
+    weighted = True
+    runs_async = True
+    takes_compression = True
     state_classes = (FedOptState, ServerOptimizerState)
     linear_uploads = True
     fixed: ClassVar[dict[str, Any]] = {}

@@ -76,6 +76,9 @@ class GradMA(Algorithm):
     memory-corrected server momentum."""
 
     Params = BothCorrections
+    server_lr = True
+    weighted = True
+    runs_async = True
     state_classes = (GradMAServerState, GradMAClientState, GradientMemory, ServerOptimizerState)
     fixed: ClassVar[dict[str, Any]] = {"correct_locally": True}
 

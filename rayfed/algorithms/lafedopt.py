@@ -64,6 +64,9 @@ class LaFedOPT(Algorithm):
     """LaFedOPT (Wang et al., arXiv:2106.02305; FedLALR's baseline): local Adam with preconditioner-corrected averaging."""
 
     Params = LaFedOPTParams
+    server_lr = True
+    weighted = True
+    runs_async = True
     state_classes = (LaFedOPTState,)
     linear_uploads = True
     keeps_client_state = False

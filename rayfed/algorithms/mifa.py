@@ -44,6 +44,8 @@ class MIFA(Algorithm):
     client's latest update."""
 
     Params = AlgorithmParams
+    server_lr = True
+    runs_async = True
     state_classes = (MIFAServerState, MIFAClientState, ServerOptimizerState)
     # It averages the latest updates of all N clients: there is no weighting to choose.
     weighted = False

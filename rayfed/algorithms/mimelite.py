@@ -43,6 +43,8 @@ class MimeLite(Algorithm):
     """MimeLite with SGD momentum (Karimireddy et al., NeurIPS 2021, arXiv:2008.03606)."""
 
     Params = MimeLiteParams
+    server_lr = True
+    weighted = True
     state_classes = (MimeLiteState,)
     linear_uploads = True
     keeps_client_state = False

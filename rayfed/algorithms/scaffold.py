@@ -33,6 +33,9 @@ class Scaffold(Algorithm):
     """SCAFFOLD (Karimireddy et al., ICML 2020, arXiv:1910.06378), control variates of option II."""
 
     Params = AlgorithmParams
+    server_lr = True
+    weighted = True
+    runs_async = True
     state_classes = (ScaffoldServerState, ScaffoldClientState)
     keeps_client_state = True
 

@@ -42,6 +42,8 @@ class STEM(Algorithm):
     """STEM (Khanduri et al., NeurIPS 2021, arXiv:2106.10435), as FedMoS's paper runs it."""
 
     Params = STEMParams
+    weighted = True
+    runs_async = True
     state_classes = (STEMState,)
     linear_uploads = True
     server_lr = False

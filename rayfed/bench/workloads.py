@@ -3,7 +3,8 @@ rayfed and the plain loop run. Evaluation happens once, after the last round, so
 is training and aggregation alone."""
 from __future__ import annotations
 
-from rayfed.config import Config, load_config
+from rayfed.config import Config
+from rayfed.preflight import load_config
 from rayfed.errors import ConfigError
 
 # Synthetic clients of 50-64 samples: 100k of them fit in memory, and every client still fills

@@ -1,6 +1,7 @@
 """Datasets and their split among clients. Each module registers its datasets and partitioners
 (rayfed.register_dataset, rayfed.register_partitioner); importing the package imports them all."""
-from rayfed.data.base import Dataset, load_dataset, missing_files, register_dataset, required_files
+from rayfed.data.base import Dataset, missing_files, register_dataset, required_files
+from rayfed.data.load import load_dataset
 from rayfed.data.partition import (Partition, PartitionRequest, class_histogram, make_partition, register_partitioner,
                                    write_histogram_csv)
 from rayfed.registry import DATASETS, import_submodules

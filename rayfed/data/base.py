@@ -98,19 +98,3 @@ def missing_files(name: str, root: str) -> list[pathlib.Path]:
     raise the ConfigError that says how to get them instead."""
     declared = dataset_entry(name).missing_files
     return declared(root) if declared is not None else []
-
-
-def load_dataset(name: str, *, seed: int = 0, **keys):
-    """The dataset `name` loaded with the data section's defaults and `keys` (root, download,
-    num_clients, partition, ...); what `rayfed.run` does with the config's data section. A Dataset,
-    or for a dataset registered with lazy=True a rayfed.data.lazy.LazyDataset."""
-    from rayfed.config import DataConfig       # the data section's defaults; config imports this package
-    from rayfed.data.lazy import LazyDataset   # which imports this module
-    entry = dataset_entry(name)
-    data = DataConfig.model_construct(**{**DataConfig().model_dump(), **keys, "dataset": name})
-    loaded = entry.target(data, seed)
-    expected = LazyDataset if entry.lazy else Dataset
-    if not isinstance(loaded, expected):
-        raise ConfigError(f"the loader of data.dataset={name} returned a {type(loaded).__name__}, not the "
-                          f"{expected.__name__} its registration (lazy={entry.lazy}) declares")
-    return loaded

@@ -12,6 +12,7 @@ import zlib
 
 import numpy as np
 
+from rayfed.config import NORMALIZATIONS
 from rayfed.data.base import Dataset, register_dataset
 from rayfed.data.cifar_pickle import load_cifar_pickle, unwrap
 from rayfed.data.packaged import PackagedImages, package_folder, rank_in_class
@@ -20,7 +21,6 @@ from rayfed.errors import ConfigError, first_line
 from rayfed.seeding import Purpose, numpy_rng
 
 # data.normalize: the torchvision images scaled by their channel statistics, or to [-1, 1] (`half`).
-NORMALIZATIONS = ("channel", "half")
 
 _IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 _IDX_UBYTE = 0x08   # the IDX type code of unsigned bytes, the only type MNIST files use

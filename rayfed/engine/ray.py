@@ -33,7 +33,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayfed.config import Config
 from rayfed.data import Dataset, Partition
 from rayfed.data.lazy import is_lazy
-from rayfed.engine import actor_pool
+import rayfed.engine.actor_pool as actor_pool
 from rayfed.engine.client_data import worker_data
 from rayfed.engine.gpu_share import sharing_groups
 from rayfed.engine.lost import ServerLost, WorkerLost

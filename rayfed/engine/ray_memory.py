@@ -17,7 +17,7 @@ from typing import Any
 
 import ray
 
-from rayfed.engine import process_memory
+import rayfed.engine.process_memory as process_memory
 from rayfed.engine.process_memory import pss
 
 # The raylet's children that are Ray's, by title; the run's actors are named by their pids, and

@@ -18,11 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rayfed.config import UCS_VARIANTS
 from rayfed.errors import ConfigError
 from rayfed.registry import SELECTORS
 from rayfed.selection.table import acs_columns
-
-UCS_VARIANTS = ("paper", "reference_code")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from tqdm import tqdm
 
 import rayfed
 from rayfed.checkpoint import has_checkpoint
-from rayfed.config import Config, load_config
+from rayfed.config import Config
+from rayfed.preflight import load_config
 from rayfed.engine.ray import connect_ray
 from rayfed.engine.server import server_reserved_gpus
 from rayfed.errors import first_line

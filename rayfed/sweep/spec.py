@@ -16,7 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from rayfed.config import Config, check_path, load_config
+from rayfed.config import Config, check_path
+from rayfed.preflight import load_config
 from rayfed.errors import ConfigError
 
 SWEEP_KEYS = ("base", "grid")

@@ -11,11 +11,11 @@ from typing import Protocol
 
 import numpy as np
 
+from rayfed.config import AVAILABILITIES
 from rayfed.errors import ConfigError
 from rayfed.systems.counter_random import ClientUniforms, uniform, uniform_thresholds
 from rayfed.systems.csv_rows import parse_client_id, parse_number, read_rows
 
-AVAILABILITIES = ("always", "bernoulli", "markov", "trace")
 TRACE_HEADER = "client_id,start,end"
 
 

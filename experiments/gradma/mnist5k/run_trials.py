@@ -55,7 +55,7 @@ def run_one(task: dict) -> tuple[str, str, float]:
     """What rayfed.sweep.runner.run_trial does, without Tune."""
     import rayfed
     from rayfed.checkpoint import has_checkpoint
-    from rayfed.config import load_config
+    from rayfed.preflight import load_config
     from rayfed.errors import first_line
     from rayfed.metrics import read_summary, run_status
 

@@ -1,0 +1,284 @@
+"""The preflight: every check that needs more than the schema, run once before any work, and what
+`rayfed.load_config`, `rayfed.run`, `rayfed.resume` and `rayfed config` all go through.
+
+Its order is what makes a component's declared defaults the run's, by construction:
+1. the plugins named in the config are imported, so that the names they register are valid values;
+2. the schema (rayfed.config) validates the keys given: the `algorithm:` section is validated by the
+   Params of the algorithm it names from the keys the user wrote alone, never from another
+   algorithm's values, so its defaults (common keys included) fill the rest;
+3. the choices left to rayfed are resolved from the components' declarations ("auto" partition and
+   model, a compressor's and a selector's defaults, the adaptive interval's, FedBuff's);
+4. combinations of sections are checked against the chosen components' capabilities;
+5. the world: the dataset's files, the model built, the availability walk, memory, the trackers.
+Each problem is one line (ConfigError, exit code 2)."""
+import functools
+import os
+import re
+
+from rayfed.algorithms.params import RunFacts
+from rayfed.callbacks.registry import check_logging
+from rayfed.config import (CACS_DEFAULTS, INTERVAL_DEFAULTS, Config, DataConfig, TrainConfig, path_problem, read_raw,
+                           show_value, validate)
+from rayfed.data import missing_files
+from rayfed.data.lazy import TRAIN_LOSS_MAX_CLIENTS
+from rayfed.errors import ConfigError
+from rayfed.faults import SERVER, parse_fault
+from rayfed.plugins import load_plugins
+from rayfed.registry import ALGORITHMS, COMPRESSORS, DATASETS, PARTITIONERS, SELECTORS
+from rayfed.resources import check_availability_walk, check_memory, check_model
+
+_LINE_BREAK = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def _one_line(function):
+    """Errors are printed as one line: a value or a file name quoted in a message must not break it."""
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except ConfigError as error:
+            message = str(error)
+            if _LINE_BREAK.search(message):
+                raise ConfigError(_LINE_BREAK.sub(lambda match: ascii(match.group())[1:-1], message)) from None
+            raise
+    return wrapper
+
+
+@_one_line
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()) -> Config:
+    """The quick-start defaults, then the YAML file at `path`, then `key=value` overrides;
+    typed, resolved and checked (the preflight). Raises ConfigError on any bad input."""
+    raw = read_raw(path, overrides)
+    plugins = raw.get("plugins")
+    if isinstance(plugins, list) and all(isinstance(plugin, str) and not path_problem(plugin) for plugin in plugins):
+        load_plugins(plugins)       # before validation: they register the names the config may use
+    return resolve(validate(raw))
+
+
+@_one_line
+def resolve(config: Config) -> Config:
+    """Validates `config` and fills in the choices left to rayfed ("auto", components' defaults),
+    then checks it against the world. Returns a new Config; the one given is not changed."""
+    load_plugins(config.plugins)
+    config = validate(config.to_dict())
+    _check_combinations(config)
+    _resolve_partition(config.data)
+    if config.engine.backend == "local":
+        # The local engine is one in-process worker; recording another count would mislead.
+        config.engine.num_workers = 1
+    if config.model.name == "auto":
+        config.model.name = DATASETS.get(config.data.dataset).default_model
+    config.algorithm.check(RunFacts(
+        num_clients=config.data.num_clients, clients_per_round=config.train.clients_per_round,
+        everyone_every_round=(config.train.clients_per_round == config.data.num_clients
+                              and config.systems.availability == "always" and config.train.round_policy == "sync"),
+        compressor=config.compression.name))
+    _check_dataset_files(config)
+    model = check_model(config)
+    check_availability_walk(config, model)
+    check_memory(config, model)
+    check_logging(config.logging)
+    return config
+
+
+def _check_combinations(config: Config) -> None:
+    train, data, engine = config.train, config.data, config.engine
+    deadline = train.deadline_s
+    if train.round_policy == "deadline" and deadline is None:
+        raise ConfigError("train.round_policy=deadline needs train.deadline_s > 0 (virtual seconds)")
+    if deadline is not None and train.round_policy != "deadline":
+        raise ConfigError(f"train.deadline_s is only used with train.round_policy=deadline, not {train.round_policy}")
+    _resolve_async(config)
+    _resolve_interval(train)
+    _check_selection(config)
+    _resolve_compression(config)
+    if data.normalize != "channel" and not DATASETS.get(data.dataset).normalizable:
+        normalizable = [entry.name for entry in DATASETS.entries() if entry.normalizable]
+        raise ConfigError(f"data.normalize={data.normalize} applies to the torchvision image datasets "
+                          f"({', '.join(normalizable)}), not data.dataset={data.dataset}")
+    if (engine.round_timeout_s is not None or engine.fault_injection) and engine.backend != "ray":
+        raise ConfigError("engine.round_timeout_s and engine.fault_injection need engine.backend=ray")
+    actor_keys = [f"engine.{key}={value}" for key, value, default in (
+        ("placement", engine.placement, "default"), ("worker_loss", engine.worker_loss, "continue"),
+        ("server", engine.server, "actor"))
+        if value != default]
+    if actor_keys and engine.backend != "ray":
+        verb = "needs" if len(actor_keys) == 1 else "need"
+        raise ConfigError(f"{' and '.join(actor_keys)} {verb} engine.backend=ray: the local engine has no actors to "
+                          f"place or lose")
+    for entry in engine.fault_injection:
+        if parse_fault(entry, engine.num_workers).target == SERVER and engine.server == "driver":
+            raise ConfigError(f"engine.fault_injection entry {entry!r} kills the server, which engine.server=driver "
+                              f"runs in the driver's own process; set engine.server=actor to test a server death")
+    if train.similarity_clients > data.num_clients:
+        raise ConfigError(f"train.similarity_clients={train.similarity_clients} exceeds data.num_clients="
+                          f"{data.num_clients}: the diagnostic compares clients 0 .. n-1")
+    if train.clients_per_round > data.num_clients:
+        raise ConfigError(f"train.clients_per_round={train.clients_per_round} exceeds "
+                          f"data.num_clients={data.num_clients}; it must be at most that")
+    if engine.num_workers > data.num_clients:
+        raise ConfigError(f"engine.num_workers={engine.num_workers} exceeds "
+                          f"data.num_clients={data.num_clients}; a worker hosts at least one client")
+    if engine.partial_sums:
+        _check_partial_sums(config)
+    if train.eval_train_loss and DATASETS.get(data.dataset).lazy and data.num_clients > TRAIN_LOSS_MAX_CLIENTS:
+        raise ConfigError(f"train.eval_train_loss evaluates every client's training samples, which "
+                          f"data.dataset={data.dataset} makes on demand; with data.num_clients={data.num_clients} "
+                          f"(more than {TRAIN_LOSS_MAX_CLIENTS}) set train.eval_train_loss=false")
+
+
+def _check_partial_sums(config: Config) -> None:
+    """engine.partial_sums: the server sees only the sum of each worker's uploads, so whatever needs
+    them one by one is refused."""
+    name = config.algorithm.name
+    if not _algorithm_class(config).linear_uploads:
+        raise ConfigError(f"engine.partial_sums does not apply to {name}, whose server step reads each client's "
+                          f"upload (it applies to: {', '.join(_algorithms_that(lambda cls: cls.linear_uploads))})")
+    if config.compression.name != "identity":
+        raise ConfigError(f"engine.partial_sums needs compression.name=identity, not {config.compression.name}: "
+                          f"compressed messages are decoded one by one on the server")
+    if config.selection.selector != "uniform":
+        raise ConfigError(f"engine.partial_sums needs selection.selector=uniform, not {config.selection.selector}: "
+                          f"its per-client aggregation weights are not integers the workers can sum exactly")
+    if config.train.round_policy == "async_buffered":
+        raise ConfigError("engine.partial_sums does not apply with train.round_policy=async_buffered: the server "
+                          "buffers each client's upload until it arrives")
+
+
+def _check_selection(config: Config) -> None:
+    """A selector other than uniform weights the round's clients itself (FedMoS, Sec. IV-A): the
+    combinations where those weights are not defined are refused."""
+    selection = config.selection
+    selector, algorithm = selection.selector, config.algorithm.name
+    for key, default in CACS_DEFAULTS.items():
+        if selector != "cacs" and getattr(selection, key) is not None:
+            raise ConfigError(f"selection.{key} only applies to selection.selector=cacs")
+        if selector == "cacs" and getattr(selection, key) is None:
+            setattr(selection, key, config.train.clients_per_round if key == "cacs_clusters" else default)
+    if selector != "ucs" and selection.ucs_variant != "paper":
+        raise ConfigError("selection.ucs_variant only applies to selection.selector=ucs")
+    if selector == "uniform":
+        return
+    if config.train.round_policy != "sync":
+        raise ConfigError(f"selection.selector={selector} needs train.round_policy=sync: dropping or adding "
+                          f"clients after the draw would leave its weights biased")
+    if config.algorithm.agg_weighting != "uniform":
+        raise ConfigError(f"algorithm.agg_weighting={config.algorithm.agg_weighting} does not apply with "
+                          f"selection.selector={selector}, whose weights already follow the clients' sample counts")
+    if (not SELECTORS.get(selector).unit_weight_sum and config.selection.ucs_variant == "paper"
+            and _algorithm_class(config).averages_models):
+        raise ConfigError(f"selection.selector=ucs (ucs_variant=paper) does not apply to {algorithm}: its weights "
+                          f"sum to 1 only on average, and {algorithm} averages models, not updates")
+
+
+def _resolve_compression(config: Config) -> None:
+    """Fills the chosen compressor's defaults; a key of another operator is an error, as is a
+    compressor for an algorithm whose upload it cannot carry."""
+    compression = config.compression
+    takes = COMPRESSORS.get(compression.name).keys
+    for key in ("levels", "kept", "ratio", "bits", "zero_point_noise"):
+        if key not in takes and getattr(compression, key) is not None:
+            users = [entry.name for entry in COMPRESSORS.entries() if key in entry.keys]
+            raise ConfigError(f"compression.{key} only applies to compression.name={' or '.join(users)}")
+    if compression.kept is not None and compression.ratio is not None:
+        raise ConfigError("compression.kept and compression.ratio both give a sparsifier's k: set one")
+    for key, default in takes.items():
+        if getattr(compression, key) is None and not (key == "ratio" and compression.kept is not None):
+            setattr(compression, key, default)
+    if compression.per_tensor and compression.name == "identity":
+        raise ConfigError("compression.per_tensor only applies with a compression.name other than identity")
+    compressing = _algorithms_that(lambda algorithm: algorithm.compressed_upload and algorithm.takes_compression)
+    if compression.downlink and (config.algorithm.name not in compressing or not _algorithm_class(config).replies
+                                 or compression.name in ("identity", "top_k")):
+        replying = ", ".join(name for name in compressing if ALGORITHMS.get(name).target.replies)
+        raise ConfigError(f"compression.downlink compresses FedCOMGATE's reply, the average of the messages: it "
+                          f"needs an algorithm whose server replies to compressed uploads (algorithm.name={replying}) "
+                          f"and a dense compressor (a sum of top-k vectors is not sparse)")
+    if compression.name != "identity" and config.algorithm.name not in compressing:
+        raise ConfigError(f"compression.name={compression.name} does not apply to {config.algorithm.name}, whose "
+                          f"uploads are not one model update (compression applies to: {', '.join(compressing)})")
+
+
+def _algorithm_class(config: Config) -> type:
+    return ALGORITHMS.get(config.algorithm.name).target
+
+
+def _algorithms_that(has) -> list[str]:
+    """The registered algorithms whose class has a capability (`has(cls)` is true)."""
+    return [entry.name for entry in ALGORITHMS.entries() if has(entry.target)]
+
+
+def _resolve_interval(train: TrainConfig) -> None:
+    if train.interval == "fixed":
+        for key in INTERVAL_DEFAULTS:
+            if getattr(train, key) is not None:
+                raise ConfigError(f"train.{key} is only used with train.interval=adaptive")
+        return
+    if train.local_epochs is not None:
+        raise ConfigError("train.local_epochs does not apply with train.interval=adaptive, whose "
+                          "interval_k_init + log_{interval_k_alpha}(t) counts the local work (in train.interval_unit)")
+    for key, default in INTERVAL_DEFAULTS.items():
+        if getattr(train, key) is None:
+            setattr(train, key, default)
+
+
+def _resolve_async(config: Config) -> None:
+    train = config.train
+    if train.round_policy != "async_buffered":
+        for key in ("concurrency", "buffer_size"):
+            if getattr(train, key) is not None:
+                raise ConfigError(f"train.{key} is only used with train.round_policy=async_buffered")
+        if train.staleness_weight != "none":
+            raise ConfigError("train.staleness_weight is only used with train.round_policy=async_buffered")
+        return
+    if train.buffer_size is None:
+        train.buffer_size = train.clients_per_round
+    if train.concurrency is None:
+        train.concurrency = train.buffer_size
+    if not 1 <= train.buffer_size <= train.concurrency <= config.data.num_clients:
+        raise ConfigError(f"train.round_policy=async_buffered needs 1 <= train.buffer_size ({train.buffer_size}) "
+                          f"<= train.concurrency ({train.concurrency}) <= data.num_clients "
+                          f"({config.data.num_clients})")
+    algorithm = _algorithm_class(config)
+    if algorithm.averages_models:
+        raise ConfigError(f"train.round_policy=async_buffered does not apply to {config.algorithm.name}, whose "
+                          f"clients upload models and moments: stale ones would pull the server's back")
+    if not algorithm.runs_async:
+        raise ConfigError(f"train.round_policy=async_buffered does not apply to {config.algorithm.name}: its clients "
+                          f"need the server's step of the round they trained in, which a buffered server never forms")
+    if train.staleness_weight != "none" and not algorithm.staleness_weighted:
+        raise ConfigError(f"train.staleness_weight={train.staleness_weight} scales model updates; "
+                          f"{config.algorithm.name} uploads something else (use it with "
+                          f"{', '.join(_algorithms_that(lambda cls: cls.staleness_weighted))})")
+
+
+def _resolve_partition(data: DataConfig) -> None:
+    """data.partition=auto is the dataset's own clients where it has them, dirichlet otherwise; a
+    partition the dataset or the partitioner's own check refuses is an error."""
+    dataset = DATASETS.get(data.dataset)
+    if data.partition == "auto":
+        data.partition = "natural" if dataset.natural else "dirichlet"
+    if data.partition == "natural" and not dataset.natural:
+        natural = [entry.name for entry in DATASETS.entries() if entry.natural]
+        raise ConfigError(f"data.partition=natural is only available for data.dataset={', '.join(natural[:-1])} or "
+                          f"{natural[-1]}; use iid, dirichlet or shards")
+    if dataset.partitions is not None and data.partition not in dataset.partitions:
+        raise ConfigError(f"data.partition={data.partition} does not apply to data.dataset={data.dataset}, "
+                          f"which takes data.partition={' or '.join(dataset.partitions)}")
+    check = PARTITIONERS.get(data.partition).check
+    if check is not None:
+        check(data)
+
+
+def _check_dataset_files(config: Config) -> None:
+    if config.data.download or DATASETS.get(config.data.dataset).missing_files is None:
+        return
+    try:
+        missing = missing_files(config.data.dataset, config.data.root)
+    except OSError as error:
+        raise ConfigError(f"data.root={show_value(config.data.root)} cannot be read ({error.strerror})") from None
+    if missing:
+        folder = missing[0].parent
+        names = ", ".join(path.name for path in missing)
+        raise ConfigError(f"{config.data.dataset} files missing under {folder}: {names} "
+                          f"(put the official files there, or set data.download=true)")
