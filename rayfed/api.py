@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import shutil
 import sys
 import time
@@ -15,8 +16,9 @@ from torch import Tensor
 from rayfed.algorithms.local_training import LocalSchedule
 from rayfed.algorithms.base import AlgorithmContext, build_algorithm
 from rayfed.callbacks import Callback, ModelShape, build_configured, run_callbacks
-from rayfed.callbacks.target import REACHED_TARGET
-from rayfed.checkpoint import CHECKPOINT, Checkpoint, check_belongs_to, lines_before, read_checkpoint
+from rayfed.callbacks.target import REACHED_TARGET, Target
+from rayfed.checkpoint import (CHECKPOINT, RESUME_MAY_CHANGE, Checkpoint, check_belongs_to, lines_before,
+                               read_checkpoint)
 from rayfed.checkpoint_content import Declared, check_content
 from rayfed.config import Config, check_path
 from rayfed.preflight import load_config, resolve
@@ -29,7 +31,7 @@ from rayfed.engine.lost import ServerLost, WorkerLost
 from rayfed.engine.supervisor import Supervisor, WorkersGone
 from rayfed.engine.vectorized import vectorize_blocker
 from rayfed.errors import ConfigError, RunFinished, RunStopped
-from rayfed.metrics import METRICS, SUMMARY, read_summary, run_status, summarize
+from rayfed.metrics import METRICS, SUMMARY, recorded_rounds, summarize
 from rayfed.models import FlatModel, build_model
 from rayfed.resources import plan_client_states
 from rayfed.systems.clients import make_client_systems
@@ -63,22 +65,49 @@ def run(config: Config, run_dir: str | Path | None = None, progress: bool = True
     return _execute(config, run_dir, progress, started, _callbacks(config, callbacks))
 
 
-def resume(run_dir: str | Path, progress: bool = True, callbacks: list[Callback] = ()) -> Result:
+def resume(run_dir: str | Path, progress: bool = True, callbacks: list[Callback] = (),
+           overrides: list[str] = ()) -> Result:
     """Continues the run in `run_dir` from its last checkpoint, with its own config.yaml; the final
-    model is bitwise the one an uninterrupted run would have produced. The run directory is
-    checked first: a checkpoint that does not belong to it, or files changed since it was written,
-    are a ConfigError and change nothing; a finished run is RunFinished."""
+    model is bitwise the one an uninterrupted run would have produced. `overrides` (`key=value`) may
+    change what does not decide the bits: `train.rounds` (to extend a run, finished or not) and the
+    `logging.*` keys (callbacks, TensorBoard, MLflow); config.yaml is rewritten with them. The run
+    directory is checked first: a checkpoint that does not belong to it, files changed since it was
+    written, or an override of another key are a ConfigError and change nothing; a run whose
+    metrics.jsonl already holds all its rounds, or its target, is RunFinished."""
     started = time.perf_counter()
     run_dir = Path(run_dir)
     if not str(run_dir).strip() or not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{str(run_dir)!r} is not a run directory (no config.yaml)")
-    config = load_config(run_dir / "config.yaml")
-    _check_not_ended(run_dir, config)
+    for override in overrides:
+        _check_resume_override(override)
+    config = load_config(run_dir / "config.yaml", overrides)
+    _check_not_ended(run_dir, config, extending=any(override.partition("=")[0].strip() == "train.rounds"
+                                                    for override in overrides))
     checkpoint = read_checkpoint(run_dir)
     check_belongs_to(run_dir, checkpoint, config)
+    if checkpoint.rounds_completed >= config.train.rounds:
+        raise ConfigError(f"train.rounds={config.train.rounds} must be above the {checkpoint.rounds_completed} "
+                          f"rounds {run_dir / CHECKPOINT} completed")
     lines = lines_before(run_dir, checkpoint)
+    if overrides:
+        _replace_file(run_dir / "config.yaml", config.to_yaml())
     return _execute(config, run_dir, progress, started, _callbacks(config, callbacks), checkpoint=checkpoint,
                     lines=lines)
+
+
+def _check_resume_override(override: str) -> None:
+    key = override.partition("=")[0].strip()
+    if not any(key == free or key.startswith(free + ".") for free in RESUME_MAY_CHANGE):
+        raise ConfigError(f"{key} cannot change on resume: it decides the run's bits (a resume may change "
+                          f"{' and '.join(RESUME_MAY_CHANGE[:-1])} and {RESUME_MAY_CHANGE[-1]}.*); start a new run "
+                          f"to change it")
+
+
+def _replace_file(path: Path, text: str) -> None:
+    """`path` holds `text`, or (after a crash) what it held before: never a part of either."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
 
 
 def release_actors() -> None:
@@ -227,16 +256,23 @@ def _identity(config: Config, started: float) -> dict:
             "dataset": config.data.dataset, "num_clients": config.data.num_clients, "seed": config.seed}
 
 
-def _check_not_ended(run_dir: Path, config: Config) -> None:
-    """RunFinished for a run that ended normally: all its rounds, or its target reached."""
-    summary = read_summary(run_dir)
-    if summary is None:
-        return
-    status = run_status(summary)
-    if status == "finished" and summary.get("rounds_completed") == config.train.rounds:
-        raise RunFinished(f"{run_dir} finished all its {config.train.rounds} rounds; nothing to resume")
-    if status == REACHED_TARGET:
-        raise RunFinished(f"{run_dir} reached its target in round {summary.get('target_round')}; nothing to resume")
+def _check_not_ended(run_dir: Path, config: Config, extending: bool = False) -> None:
+    """RunFinished for a run that ended normally: all its rounds, or its target reached, as its
+    metrics.jsonl records them (summary.json, which a person may edit, is not trusted for that);
+    ConfigError where train.rounds was set on resume (`extending`) to no more rounds than it has."""
+    target = Target(config.train.target_accuracy, config.train.target_loss)
+    rounds = 0
+    for record in recorded_rounds(run_dir):
+        rounds += 1
+        if (config.train.target_accuracy, config.train.target_loss) != (None, None) \
+                and target.on_round_end(None, record) is not None:
+            raise RunFinished(f"{run_dir} reached its target in round {rounds}; nothing to resume")
+    if rounds >= config.train.rounds and extending:
+        raise ConfigError(f"train.rounds={config.train.rounds} must be above the {rounds} rounds "
+                          f"{run_dir / METRICS} records")
+    if rounds >= config.train.rounds:
+        raise RunFinished(f"{run_dir} finished all its {config.train.rounds} rounds; nothing to resume (extend it "
+                          f"with train.rounds=N)")
 
 
 def _without_unsupported_vectorize(config: Config, dataset, partition: Partition) -> Config:

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
 from torch import Tensor
 
 from rayfed.algorithms.base import Upload
@@ -45,6 +46,9 @@ from rayfed.registry import ALGORITHMS
 from rayfed.systems.async_buffer import AsyncBuffer, InFlight
 
 CHECKPOINT = "checkpoint.pt"
+# What a resume may change (rayfed.resume's overrides): the rounds, and the callbacks and loggers,
+# which never change the maths. Everything else in config.yaml is pinned by the checkpoint.
+RESUME_MAY_CHANGE = ("train.rounds", "logging")
 MAGIC = b"rayfed checkpoint, format 2\n"
 # The classes a checkpoint body may hold besides tensors, plain containers and the state classes its
 # algorithm declares (Algorithm.state_classes): the server's own, FedBuff's clients in flight.
@@ -77,8 +81,29 @@ SHARD_FIELDS = {"worker": int, "workers": int, "file": str, "sha256": str, "rows
 
 
 def config_sha256(run_dir: Path) -> str:
-    """Of config.yaml's bytes as the run wrote them: a run directory written by an older rayfed,
-    whose config.yaml lacks keys added since (which default to the old behaviour), resumes."""
+    """Of what config.yaml says about everything that decides the run's bits: its keys but those a
+    resume may change (RESUME_MAY_CHANGE), read as YAML, so that a resume that extends the rounds or
+    changes the callbacks and loggers still finds its checkpoint. A run directory written by an older
+    rayfed, whose config.yaml lacks keys added since (which default to the old behaviour), resumes."""
+    try:
+        return _decisive_sha256(yaml.safe_load((run_dir / "config.yaml").read_bytes()))
+    except yaml.YAMLError:
+        return ""           # matches no checkpoint: resume says config.yaml changed
+
+
+def _decisive_sha256(config: Any) -> str:
+    kept = dict(config) if isinstance(config, dict) else {"config": config}
+    for dotted in RESUME_MAY_CHANGE:
+        section, _, key = dotted.rpartition(".")
+        if section and isinstance(kept.get(section), dict):
+            kept[section] = {name: value for name, value in kept[section].items() if name != key}
+        elif not section:
+            kept.pop(key, None)
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _file_sha256(run_dir: Path) -> str:
+    """config.yaml's bytes, as checkpoints written before RESUME_MAY_CHANGE recorded them."""
     return hashlib.sha256((run_dir / "config.yaml").read_bytes()).hexdigest()
 
 
@@ -261,12 +286,10 @@ def check_belongs_to(run_dir: Path, checkpoint: Checkpoint, config: Config) -> N
     if (checkpoint.algorithm, checkpoint.model) != (config.algorithm.name, config.model.name):
         raise ConfigError(f"{path} is from algorithm {checkpoint.algorithm} with model {checkpoint.model}, but "
                           f"{run_dir / 'config.yaml'} says {config.algorithm.name} with {config.model.name}")
-    if checkpoint.config_sha256 != config_sha256(run_dir):
-        raise ConfigError(f"{run_dir / 'config.yaml'} was changed after {CHECKPOINT} was written; restore it, "
-                          f"or start a new run with the new config")
-    if checkpoint.rounds_completed >= config.train.rounds:
-        raise ConfigError(f"{path} is damaged: rounds_completed={checkpoint.rounds_completed} is not below "
-                          f"train.rounds={config.train.rounds}")
+    if checkpoint.config_sha256 not in (config_sha256(run_dir), _file_sha256(run_dir)):
+        raise ConfigError(f"{run_dir / 'config.yaml'} was changed after {CHECKPOINT} was written in keys that decide "
+                          f"the run (a resume may change {' and '.join(RESUME_MAY_CHANGE[:-1])} and "
+                          f"{RESUME_MAY_CHANGE[-1]}.*); restore it, or start a new run with the new config")
 
 
 def lines_before(run_dir: Path, checkpoint: Checkpoint) -> list[bytes]:

@@ -44,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     run_parser.add_argument("--out", metavar="DIR", help="the run directory (must not exist or be empty)")
     run_parser.add_argument("--quiet", action="store_true", help="no progress bar")
     run_parser.add_argument("--resume", metavar="RUN_DIR",
-                            help="continue RUN_DIR from its last checkpoint, with its own config")
+                            help="continue RUN_DIR from its last checkpoint, with its own config; overrides may "
+                                 "change train.rounds and logging.* alone")
     algorithms_parser = commands.add_parser("algorithms", help="list the registered algorithms, or one's parameters")
     algorithms_parser.add_argument("name", nargs="?", metavar="NAME", help="an algorithm: its parameters and capabilities")
     algorithms_parser.add_argument("items", nargs="*", metavar="plugins=[...]",
@@ -85,11 +86,12 @@ def _command(args) -> int:
         from rayfed.report.cli import report_from_args
         return report_from_args(args)
     if args.command == "run" and args.resume is not None:
-        if args.items or args.out:
-            raise ConfigError("--resume takes the run directory alone: its config.yaml holds the config")
+        if args.out or any("=" not in item for item in args.items):
+            raise ConfigError("--resume takes the run directory and key=value overrides alone (train.rounds, "
+                              "logging.*): its config.yaml holds the config")
         if not args.resume.strip():
             raise ConfigError("--resume needs the run directory to continue, e.g. --resume runs/NAME")
-        return _report(_resume(args.resume, not args.quiet))
+        return _report(_resume(args.resume, args.items, not args.quiet))
     config = _load(args.items)
     if args.command == "config":
         print(config.to_yaml(), end="")
@@ -141,9 +143,9 @@ def _run(config, out: str | None, progress: bool) -> int:
     return _report(run(config, run_dir=out, progress=progress))
 
 
-def _resume(run_dir: str, progress: bool):
+def _resume(run_dir: str, overrides: list[str], progress: bool):
     from rayfed.api import resume
-    return resume(run_dir, progress=progress)
+    return resume(run_dir, progress=progress, overrides=overrides)
 
 
 def _report(result) -> int:

@@ -10,14 +10,14 @@ the world (plugins, datasets, models, memory, trackers) is checked by rayfed.pre
 import difflib
 import math
 import os
-import re
 import reprlib
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, model_serializer,
+                      model_validator)
 from pydantic_core import PydanticCustomError
 
 from rayfed.algorithms.params import AlgorithmParams, common_keys
@@ -481,12 +481,37 @@ class LoggingConfig(_Section):
     ..., key: value}` with its constructor's keyword arguments."""
 
 
+class PluginRecord(_Section):
+    """A plugin as a run records it: a file by its absolute path, or a module by its name, with the SHA-256
+    of the file it was imported from."""
+
+    path: Optional[_Path] = None
+    """A `.py` file (made absolute when the config is resolved)."""
+    module: Optional[_Text] = None
+    """An importable module name."""
+    sha256: Optional[Annotated[str, Field(strict=True, pattern="^[0-9a-f]{64}$")]] = None
+    """The file's SHA-256 when the run started: a file changed since is refused."""
+
+    @model_serializer(mode="wrap")
+    def _set_keys_only(self, handler):
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.path is None) == (self.module is None):
+            raise PydanticCustomError("plugin_record", "a plugin record names a path or a module (one of the two)")
+        return self
+
+
 class Config(_Section):
     seed: count(ge=0, le=MAX_SEED) = 0
     """Drives the data, the partition, the initial model, client sampling, minibatches and dropout; 0 to 2⁶³ − 1."""
-    plugins: Annotated[list[_Path], Field(strict=True, max_length=MAX_PLUGINS)] = Field(default_factory=list)
+    plugins: Annotated[list[Union[_Path, PluginRecord]], Field(strict=True, max_length=MAX_PLUGINS)] = \
+        Field(default_factory=list)
     """Modules that register components of your own (algorithms, ...): importable module names or `.py` file paths,
-    imported before the config is validated; see the plugins tutorial."""
+    imported before the config is validated; see the plugins tutorial. A run's `config.yaml` records each as `{path:
+    ABSOLUTE_PATH, sha256: ...}` or `{module: NAME, sha256: ...}`, so that a resume or re-run finds it from any
+    directory, and refuses it if its file changed."""
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     # The registered algorithm's Params (a subclass), serialised with its own keys.
@@ -602,8 +627,8 @@ def _message(error: ValidationError, root: type[BaseModel] | None = None, prefix
     kind, value, context = first["type"], first["input"], first.get("ctx", {})
     key = prefix + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"])[1:]
     declared = _declared(first["loc"], root or Config)
-    if kind == "algorithm_section":
-        return first["msg"]
+    if kind in ("algorithm_section", "plugin_record"):
+        return first["msg"] if kind == "algorithm_section" else f"{key}: {first['msg']}"
     if kind == "extra_forbidden":
         return f"unknown key {show_value(key)}{_did_you_mean_key(key)}"
     if kind in _TYPE_WORDS:

@@ -6,7 +6,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
@@ -77,6 +77,22 @@ def read_summary(run_dir: Path) -> dict | None:
     except (OSError, UnicodeDecodeError, ValueError):
         return None
     return summary if isinstance(summary, dict) else None
+
+
+def recorded_rounds(run_dir: Path) -> Iterator[dict]:
+    """metrics.jsonl's records of rounds 1, 2, ... up to the first line that is not the next round's."""
+    try:
+        with open(run_dir / METRICS, "rb") as file:
+            for number, line in enumerate(file, start=1):
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    return
+                if not isinstance(record, dict) or record.get("round") != number:
+                    return
+                yield record
+    except OSError:
+        return
 
 
 def run_status(summary: dict) -> str:

@@ -21,32 +21,84 @@ from pathlib import Path
 from types import ModuleType
 
 from rayfed.errors import ConfigError, first_line
-from rayfed.registry import REGISTRIES, DuplicateName, Entry, install, plugin_entries
+from rayfed.registry import PLUGIN_FILE_PREFIX, REGISTRIES, DuplicateName, Entry, install, plugin_entries
 
 ENTRY_POINT_GROUP = "rayfed.plugins"
-# What each plugin spec (a module name or a resolved file path) was loaded as, so that a spec named
-# again (a second load_config, a resume, a sweep's trials in one process) is not imported twice.
+# What each plugin (a module name or a resolved file path) was loaded as, so that one named again (a
+# second load_config, a resume, a sweep's trials in one process) is not imported twice.
 _loaded: dict[str, ModuleType] = {}
 _entry_points_loaded = False
 
 
-def load_plugins(specs: list[str] = ()) -> None:
-    """Imports the installed entry points of `rayfed.plugins` (once a process) and `specs`."""
+def load_plugins(specs: list = ()) -> list[dict[str, str]]:
+    """Imports the installed entry points of `rayfed.plugins` (once a process) and `specs`: module
+    names or .py paths, each alone or as the record this returns for it, `{"path": absolute path}` or
+    `{"module": name}` with the SHA-256 of the file it was imported from. A record's SHA-256 must
+    match the file now: a run's config.yaml pins its plugins' code, as a checkpoint pins config.yaml."""
     global _entry_points_loaded
     if not _entry_points_loaded:
         _entry_points_loaded = True
         for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
             _guarded(f"entry point {entry_point.name} ({entry_point.value})", entry_point.load)
+    records = []
     for spec in specs:
+        record = _record(spec)
+        what = record.get("path") or record["module"]
+        if any(what == (earlier.get("path") or earlier["module"]) for earlier in records):
+            raise ConfigError(f"plugins: {what} is listed twice")
+        module = _load_one(record, spec)
+        digest = _file_sha256(module)
+        if record.get("sha256") not in (None, digest):
+            raise ConfigError(f"plugin {what} changed since the run that recorded it: SHA-256 {record['sha256'][:12]}... "
+                              f"then, {(digest or 'none')[:12]}... now; restore it, or drop its sha256 to run it as it "
+                              f"is now")
+        records.append({**record, "sha256": digest} if digest else record)
+    return records
+
+
+def _record(spec) -> dict[str, str]:
+    """A spec as its record: a path made absolute, so that a run's config.yaml finds the file from any directory."""
+    if isinstance(spec, str):
         if _is_path(spec):
-            path = Path(spec).expanduser().resolve()
-            if str(path) not in _loaded:
-                if not path.is_file():
-                    raise ConfigError(f"plugins: {spec} is not a file (a plugin is an importable module name "
-                                      f"or the path of a .py file)")
-                _loaded[str(path)] = _guarded(spec, lambda: _import_file(path))
-        elif spec not in _loaded:
-            _loaded[spec] = _guarded(spec, lambda: importlib.import_module(spec))
+            return {"path": str(Path(spec).expanduser().resolve())}
+        return {"module": spec}
+    record = dict(spec) if isinstance(spec, dict) else spec.model_dump(exclude_none=True)
+    if "path" in record:
+        record["path"] = str(Path(record["path"]).expanduser().resolve())
+    return record
+
+
+def _load_one(record: dict[str, str], spec) -> ModuleType:
+    if "module" in record:
+        name = record["module"]
+        if name not in _loaded:
+            _loaded[name] = _guarded(name, lambda: importlib.import_module(name))
+        return _loaded[name]
+    path = Path(record["path"])
+    shown = spec if isinstance(spec, str) else record["path"]
+    if str(path) not in _loaded:
+        if not path.is_file():
+            raise ConfigError(f"plugins: {shown} is not a file (a plugin is an importable module name "
+                              f"or the path of a .py file)")
+        # A file the user's own code imported already (import my_plugins) is that module, not a second copy.
+        _loaded[str(path)] = _imported_from(path) or _guarded(shown, lambda: _import_file(path))
+    return _loaded[str(path)]
+
+
+def _imported_from(path: Path) -> ModuleType | None:
+    """The module that the user's code imported from `path` (not one of rayfed's own imports of it)."""
+    for name, module in list(sys.modules.items()):
+        location = getattr(module, "__file__", None)
+        if location and not name.startswith(PLUGIN_FILE_PREFIX) and Path(location).resolve() == path:
+            return module
+    return None
+
+
+def _file_sha256(module: ModuleType) -> str | None:
+    location = getattr(module, "__file__", None)
+    if not location or not Path(location).is_file():
+        return None         # a namespace package: no file of its own to pin
+    return hashlib.sha256(Path(location).read_bytes()).hexdigest()
 
 
 def _is_path(spec: str) -> bool:
@@ -54,9 +106,10 @@ def _is_path(spec: str) -> bool:
 
 
 def _import_file(path: Path) -> ModuleType:
-    """The .py file as a module of its own name, distinct for distinct paths."""
+    """The .py file as a module of its own name, distinct for distinct paths (messages name the file:
+    registry.Entry.source)."""
     digest = hashlib.sha256(str(path).encode()).hexdigest()[:10]
-    name = f"rayfed_plugin_{path.stem if path.stem.isidentifier() else 'file'}_{digest}"
+    name = f"{PLUGIN_FILE_PREFIX}{path.stem if path.stem.isidentifier() else 'file'}_{digest}"
     module_spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module

@@ -50,17 +50,25 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
     typed, resolved and checked (the preflight). Raises ConfigError on any bad input."""
     raw = read_raw(path, overrides)
     plugins = raw.get("plugins")
-    if isinstance(plugins, list) and all(isinstance(plugin, str) and not path_problem(plugin) for plugin in plugins):
+    if isinstance(plugins, list) and all(_loadable(plugin) for plugin in plugins):
         load_plugins(plugins)       # before validation: they register the names the config may use
     return resolve(validate(raw))
+
+
+def _loadable(plugin) -> bool:
+    """A plugin spec that can be imported before the schema has checked it (else the schema's line comes first)."""
+    if isinstance(plugin, dict):
+        return all(isinstance(value, str) and not path_problem(value) for value in plugin.values()) \
+            and len({"path", "module"} & set(plugin)) == 1
+    return isinstance(plugin, str) and not path_problem(plugin)
 
 
 @_one_line
 def resolve(config: Config) -> Config:
     """Validates `config` and fills in the choices left to rayfed ("auto", components' defaults),
     then checks it against the world. Returns a new Config; the one given is not changed."""
-    load_plugins(config.plugins)
-    config = validate(config.to_dict())
+    plugins = load_plugins(config.plugins)
+    config = validate({**config.to_dict(), "plugins": plugins})
     _check_combinations(config)
     _resolve_partition(config.data)
     if config.engine.backend == "local":

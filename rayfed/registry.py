@@ -11,12 +11,15 @@ from __future__ import annotations
 import difflib
 import importlib
 import pkgutil
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from rayfed.errors import ConfigError
 
 BUILTIN_PREFIX = "rayfed."
+# The module names rayfed.plugins gives the .py files it imports: messages name the file instead.
+PLUGIN_FILE_PREFIX = "rayfed_plugin_"
 
 
 class DuplicateName(ConfigError):
@@ -36,6 +39,11 @@ class Entry:
     @property
     def module(self) -> str:
         return getattr(self.target, "__module__", "") or ""
+
+    @property
+    def source(self) -> str:
+        """Where it was registered, as the user named it: a plugin file's path, else its module."""
+        return plugin_source(self.module)
 
     @property
     def builtin(self) -> bool:
@@ -78,8 +86,8 @@ class Registry:
         if existing is not None:
             if existing.target is entry.target:
                 return          # the same module imported again (a plugin named twice, a re-run)
-            raise DuplicateName(f"{self.kind} {entry.name!r} is already registered (by {existing.module}); "
-                                f"{entry.module} must register it under another name")
+            raise DuplicateName(f"{self.kind} {entry.name!r} is already registered (by {existing.source}); "
+                                f"{entry.source} must register it under another name")
         self._entries[entry.name] = entry
 
     def __contains__(self, name: object) -> bool:
@@ -107,6 +115,14 @@ class Registry:
     def remove(self, name: str) -> None:
         """For tests that register a component of their own."""
         self._entries.pop(name, None)
+
+
+def plugin_source(module_name: str) -> str:
+    """A module's name, or for a plugin file imported by rayfed.plugins, the file's path."""
+    module = sys.modules.get(module_name)
+    if module_name.startswith(PLUGIN_FILE_PREFIX) and getattr(module, "__file__", None):
+        return module.__file__
+    return module_name
 
 
 def unknown_name(key: str, value: Any, choices: tuple[str, ...]) -> str:

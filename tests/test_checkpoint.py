@@ -236,14 +236,65 @@ def test_resume_arguments_and_finished_runs(tmp_path, capsys):
                run_dir=done, progress=False)
     before = snapshot(done)
     assert main(["run", "--resume", str(done)]) == 0
-    assert capsys.readouterr().out == f"rayfed: {done} finished all its 4 rounds; nothing to resume\n"
+    assert capsys.readouterr().out == (f"rayfed: {done} finished all its 4 rounds; nothing to resume (extend it with "
+                                       f"train.rounds=N)\n")
     assert snapshot(done) == before
     assert main(["run", "--resume", ""]) == 2
     assert "--resume needs the run directory" in capsys.readouterr().err
     assert main(["run", "--resume", str(tmp_path / "nowhere")]) == 2
     assert "is not a run directory" in capsys.readouterr().err
     assert main(["run", "--resume", str(done), "seed=3"]) == 2
-    assert "--resume takes the run directory alone" in capsys.readouterr().err
+    assert capsys.readouterr().err == ("rayfed: error: seed cannot change on resume: it decides the run's bits (a resume "
+                                       "may change train.rounds and logging.*); start a new run to change it\n")
+    assert main(["run", "--resume", str(done), "train.rounds=3"]) == 2
+    assert capsys.readouterr().err == (f"rayfed: error: train.rounds=3 must be above the 4 rounds "
+                                       f"{done / 'metrics.jsonl'} records\n")
+    assert main(["run", "--resume", str(done), "other.yaml"]) == 2
+    assert "--resume takes the run directory and key=value overrides alone" in capsys.readouterr().err
+    assert snapshot(done) == before
+
+
+def test_a_finished_run_extended_on_resume_ends_with_the_longer_runs_bits(tmp_path):
+    overrides = SYNTHETIC_MLP + ["engine.backend=local", "train.checkpoint_every=2", "train.eval_every=2"]
+    longer = rayfed.run(rayfed.load_config(None, overrides + ["train.rounds=6"]), run_dir=tmp_path / "six",
+                        progress=False)
+    rayfed.run(rayfed.load_config(None, overrides + ["train.rounds=4"]), run_dir=tmp_path / "four", progress=False)
+    extended = rayfed.resume(tmp_path / "four", progress=False, overrides=["train.rounds=6"])
+    assert torch.equal(extended.params, longer.params)
+    deterministic = ("round", "train_loss", "test_accuracy", "test_loss", "bytes_up", "virtual_time_s")
+    assert [{key: line.get(key) for key in deterministic} for line in extended.history] == \
+        [{key: line.get(key) for key in deterministic} for line in longer.history]
+    assert rayfed.load_config(tmp_path / "four" / "config.yaml").train.rounds == 6
+
+
+class RaisesFromRoundFive(rayfed.Callback):
+    def on_round_end(self, run, record):
+        if record["round"] >= 5:
+            raise RuntimeError("a bug in the callback")
+
+
+def test_a_resume_drops_a_raising_callback_and_may_not_change_the_maths(tmp_path, monkeypatch):
+    overrides = SYNTHETIC_MLP + ROUNDS + ["engine.backend=local"]
+    whole = rayfed.run(rayfed.load_config(None, overrides), run_dir=tmp_path / "whole", progress=False)
+    run_dir = tmp_path / "stuck"
+    with pytest.raises(rayfed.RunStopped):
+        rayfed.run(rayfed.load_config(None, overrides + ["logging.callbacks=[tests.test_checkpoint.RaisesFromRoundFive]"]),
+                   run_dir=run_dir, progress=False)
+    with pytest.raises(rayfed.RunStopped):
+        rayfed.resume(run_dir, progress=False)
+    resumed = rayfed.resume(run_dir, progress=False, overrides=["logging.callbacks=[]", "logging.tensorboard=true"])
+    assert torch.equal(resumed.params, whole.params)
+    assert rayfed.load_config(run_dir / "config.yaml").logging.callbacks == []
+    assert any(path.name.startswith("events.out.tfevents") for path in run_dir.rglob("*"))
+
+
+def test_an_edited_summary_does_not_hide_the_rounds_left(tmp_path, monkeypatch):
+    """summary.json says finished, but metrics.jsonl and the checkpoint show an interrupted run."""
+    overrides = SYNTHETIC_MLP + ROUNDS + ["engine.backend=local"]
+    run_dir = interrupted(tmp_path, overrides, monkeypatch)
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "status": "finished", "rounds_completed": 7}))
+    assert rayfed.resume(run_dir, progress=False).summary["rounds_completed"] == 7
 
 
 def test_a_run_directory_written_before_newer_config_keys_resumes(tmp_path, monkeypatch):

@@ -2,7 +2,9 @@
 name from Python, from the CLI (`plugins:`) and from an installed package's entry point; on the
 ray engine bitwise as on the local one; resumed and swept like the built-ins; and the one-line
 errors of a plugin that cannot be used."""
+import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -61,7 +63,9 @@ def test_the_example_runs_bitwise_alike_on_both_engines_and_resumes(in_outside, 
     overrides = RUN + [*ON_RAY, "engine.num_workers=2", "train.checkpoint_every=2"]
     resumed = rayfed.resume(interrupted(tmp_path, overrides, monkeypatch, fail_at_round=5), progress=False)
     assert_same_run(local, resumed)
-    assert yaml.safe_load((tmp_path / "local" / "config.yaml").read_text())["plugins"] == ["./my_plugins.py"]
+    recorded = {"path": str(in_outside / "my_plugins.py"),
+                "sha256": hashlib.sha256((in_outside / "my_plugins.py").read_bytes()).hexdigest()}
+    assert yaml.safe_load((tmp_path / "local" / "config.yaml").read_text())["plugins"] == [recorded]
 
 
 def test_the_example_from_python_after_importing_it(outside, tmp_path, monkeypatch):
@@ -133,7 +137,7 @@ def write(folder, name, source):
      def logreg(input_shape, num_classes):
          return None
      """, r"^plugin ./bad.py: model 'logreg' is already registered \(by rayfed.models.zoo\); "
-          r"rayfed_plugin_bad_\w+ must register it under another name$"),
+          r"/\S+/bad\.py must register it under another name$"),
     ("""
      import rayfed
      raise RuntimeError("no GPU here\\nsecond line")
@@ -272,3 +276,58 @@ def test_the_memory_check_counts_declared_client_state(monkeypatch):
     """SCAFFOLD keeps every client's control variate: N x d floats the check must count."""
     from tests.algorithm_checks import assert_memory_check_counts_client_state
     assert_memory_check_counts_client_state(monkeypatch, ["algorithm.name=scaffold"])
+
+def test_a_plugin_run_resumes_from_another_directory_and_refuses_a_changed_plugin(tmp_path, monkeypatch, capsys):
+    """config.yaml records the plugin by absolute path and SHA-256: found from anywhere, pinned to its code."""
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir(), elsewhere.mkdir()
+    shutil.copy(EXAMPLE, project / "my_plugins.py")
+    monkeypatch.chdir(project)
+    try:
+        overrides = [*RUN, "engine.backend=local", "train.checkpoint_every=2"]
+        run_dir = interrupted(tmp_path, overrides, monkeypatch, fail_at_round=5)
+        forget_plugins()
+        monkeypatch.chdir(elsewhere)
+        assert main(["run", "--resume", str(run_dir), "--quiet"]) == 0
+        capsys.readouterr()
+        forget_plugins()
+        (project / "my_plugins.py").write_text((project / "my_plugins.py").read_text() + "\n# edited\n")
+        assert main(["run", str(run_dir / "config.yaml"), "--quiet"]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith(f"rayfed: error: plugin {project / 'my_plugins.py'} changed since the run that "
+                                f"recorded it: SHA-256 ") and error.count("\n") == 1
+    finally:
+        forget_plugins()
+
+
+def test_a_plugin_listed_twice_is_one_line_and_one_imported_by_the_user_is_that_module(in_outside, monkeypatch):
+    with pytest.raises(rayfed.ConfigError, match=f"^plugins: {in_outside / 'my_plugins.py'} is listed twice$"):
+        rayfed.load_config(None, ["plugins=[./my_plugins.py, my_plugins.py]"])
+    forget_plugins()
+    monkeypatch.syspath_prepend(str(in_outside))
+    try:
+        import my_plugins  # noqa: F401  (registers its components under the module name my_plugins)
+        config = rayfed.load_config(None, RUN)
+        assert config.algorithm.name == "my_fedavg_nesterov" and config.plugins[0].path == str(in_outside /
+                                                                                               "my_plugins.py")
+    finally:
+        forget_plugins()
+        sys.modules.pop("my_plugins", None)
+
+
+def test_a_name_registered_twice_names_the_plugin_files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("first", "second"):
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent('''
+            import rayfed
+            @rayfed.register_callback("same_name")
+            class Same(rayfed.Callback):
+                pass
+            '''))
+    try:
+        with pytest.raises(rayfed.ConfigError, match=re.escape(
+                f"plugin ./second.py: callback 'same_name' is already registered (by {tmp_path / 'first.py'}); "
+                f"{tmp_path / 'second.py'} must register it under another name")):
+            rayfed.load_config(None, ["plugins=[./first.py, ./second.py]"])
+    finally:
+        forget_plugins()

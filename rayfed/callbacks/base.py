@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from rayfed.registry import BUILTIN_PREFIX
+from rayfed.registry import BUILTIN_PREFIX, plugin_source
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -140,5 +140,10 @@ def builtin(callback: Callback) -> bool:
 
 
 def callback_name(callback: Any) -> str:
+    """The callback's class as the user wrote it: `module.Class`, or for a class in a plugin file, `Class
+    (in FILE)`."""
     kind = type(callback)
-    return kind.__qualname__ if kind.__module__ in ("__main__", "builtins") else f"{kind.__module__}.{kind.__qualname__}"
+    if kind.__module__ in ("__main__", "builtins"):
+        return kind.__qualname__
+    source = plugin_source(kind.__module__)
+    return f"{kind.__qualname__} (in {source})" if source != kind.__module__ else f"{kind.__module__}.{kind.__qualname__}"
