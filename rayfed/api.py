@@ -21,7 +21,7 @@ from rayfed.checkpoint import (CHECKPOINT, RESUME_MAY_CHANGE, Checkpoint, check_
                                read_checkpoint)
 from rayfed.checkpoint_content import Declared, check_content
 from rayfed.config import Config, check_path
-from rayfed.preflight import load_config, resolve
+from rayfed.preflight import ANNOUNCED_WORK, check_loaded_data, estimated_work, load_config, resolve
 from rayfed.data import Dataset, Partition, class_histogram, load_dataset, make_partition, write_histogram_csv
 from rayfed.data.lazy import SIZES_CSV_MAX_CLIENTS, ClientSizes, LazyDataset, client_sizes, is_lazy, write_sizes_csv
 from rayfed.engine import make_engine
@@ -31,6 +31,7 @@ from rayfed.engine.lost import ServerLost, WorkerLost
 from rayfed.engine.supervisor import Supervisor, WorkersGone
 from rayfed.engine.vectorized import vectorize_blocker
 from rayfed.errors import ConfigError, RunFinished, RunStopped
+from rayfed.fields import format_number
 from rayfed.metrics import METRICS, SUMMARY, recorded_rounds, summarize
 from rayfed.models import FlatModel, build_model
 from rayfed.resources import plan_client_states
@@ -147,6 +148,11 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
     client_systems = make_client_systems(config)
     data_started = time.perf_counter()
     dataset, partition = load_data(config)
+    check_loaded_data(config, dataset, partition)
+    work, words = estimated_work(config)
+    if work >= ANNOUNCED_WORK:
+        print(f"rayfed: this run computes about {format_number(float(f'{work:.2g}'))} sample gradients ({words})",
+              file=sys.stderr)
     client_systems = dataclasses.replace(client_systems, client_sizes=partition.sizes)
     declared = Declared(config, client_systems)
     if checkpoint is not None:

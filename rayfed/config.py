@@ -299,6 +299,10 @@ class TrainConfig(_Section):
     target_loss: Optional[number(gt=0.0)] = None
     """Stop at the first evaluated round whose test loss is at most this (with `train.target_accuracy` too: the first
     round that reaches both)."""
+    max_sample_gradients: Optional[number(gt=0.0, le=1e30)] = 1e11
+    """A bound on the run's work, in sample gradients (rounds x clients per round x local steps x samples a step,
+    with CACS's warm-up): a config above it is refused before it starts (a typo of 10000000 local epochs would run for
+    months); `null`: no bound. Runs above 1e9 say their estimate when they start."""
 
 
 class SystemsConfig(_Section):

@@ -15,17 +15,22 @@ import functools
 import os
 import re
 
+import numpy as np
+
+from rayfed.algorithms.local_training import LocalSchedule
 from rayfed.algorithms.params import RunFacts
 from rayfed.callbacks.registry import check_logging
 from rayfed.config import (CACS_DEFAULTS, INTERVAL_DEFAULTS, Config, DataConfig, TrainConfig, path_problem, read_raw,
                            show_value, validate)
 from rayfed.data import missing_files
-from rayfed.data.lazy import TRAIN_LOSS_MAX_CLIENTS
+from rayfed.data.base import sample_count
+from rayfed.data.lazy import TRAIN_LOSS_MAX_CLIENTS, is_lazy
 from rayfed.errors import ConfigError
 from rayfed.faults import SERVER, parse_fault
+from rayfed.fields import format_number
 from rayfed.plugins import load_plugins
 from rayfed.registry import ALGORITHMS, COMPRESSORS, DATASETS, PARTITIONERS, SELECTORS
-from rayfed.resources import check_availability_walk, check_memory, check_model
+from rayfed.resources import check_availability_walk, check_memory, check_model, has_batchnorm
 
 _LINE_BREAK = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 
@@ -82,6 +87,7 @@ def resolve(config: Config) -> Config:
                               and config.systems.availability == "always" and config.train.round_policy == "sync"),
         compressor=config.compression.name))
     _check_dataset_files(config)
+    _check_work(config)
     model = check_model(config)
     check_availability_walk(config, model)
     check_memory(config, model)
@@ -89,8 +95,60 @@ def resolve(config: Config) -> Config:
     return config
 
 
+# A run above this many sample gradients says so when it starts: hours on a laptop's CPU.
+ANNOUNCED_WORK = 1e9
+
+
+def estimated_work(config: Config) -> tuple[float, str]:
+    """The run's sample gradients, about (from a client of the mean size), and how they add up in words."""
+    train = config.train
+    mean_size = max(1, sample_count(config.data.dataset, config.data) // config.data.num_clients)
+    schedule = LocalSchedule.from_config(train)
+    steps, batch = schedule.steps(train.rounds - 1, mean_size), min(train.batch_size, mean_size)
+    work = float(train.rounds) * train.clients_per_round * steps * batch
+    words = f"{train.rounds} rounds x {train.clients_per_round} clients x {steps} steps x {batch} samples"
+    if config.selection.selector == "cacs":
+        warmup = config.selection.cacs_warmup_rounds
+        work += float(warmup) * config.data.num_clients * schedule.steps(0, mean_size) * batch
+        words += f", and {warmup} warm-up rounds x {config.data.num_clients} clients"
+    return work, words
+
+
+def _check_work(config: Config) -> None:
+    bound = config.train.max_sample_gradients
+    work, words = estimated_work(config)
+    if bound is not None and work > bound:
+        raise ConfigError(f"this run computes about {format_number(float(f'{work:.2g}'))} sample gradients ({words}), "
+                          f"over train.max_sample_gradients={format_number(bound)}; raise it (or set it to null) if "
+                          f"you mean it")
+
+
+def check_loaded_data(config: Config, dataset, partition) -> None:
+    """What needs the loaded dataset and its split, before any client trains: samples of the shape the
+    dataset declares (the model was checked against that shape), and no client that BatchNorm could
+    only see one sample of."""
+    declared = DATASETS.get(config.data.dataset).input_shape
+    arrays = {"test": dataset.test_x} if is_lazy(dataset) else {"training": dataset.train_x, "test": dataset.test_x}
+    for part, array in arrays.items():
+        if tuple(array.shape[1:]) != tuple(declared):
+            raise ConfigError(f"data.dataset={config.data.dataset} declares input_shape={tuple(declared)}, but its "
+                              f"{part} samples have shape {tuple(array.shape[1:])}; fix its loader or its "
+                              f"registration (rayfed.register_dataset)")
+    if has_batchnorm(check_model(config)) and partition.num_clients > 1:
+        one = np.flatnonzero(np.asarray(partition.sizes) == 1)
+        if len(one):
+            raise ConfigError(f"client {int(one[0])} holds one training sample ({len(one)} clients do), which "
+                              f"model.name={config.model.name}'s BatchNorm cannot train on; use fewer clients "
+                              f"(data.num_clients), another partition, or a model without BatchNorm "
+                              f"(model.name=relu_mlp or logreg)")
+
+
 def _check_combinations(config: Config) -> None:
     train, data, engine = config.train, config.data, config.engine
+    if (train.target_accuracy is not None or train.target_loss is not None) and train.eval_every >= train.rounds:
+        raise ConfigError(f"train.target_accuracy and train.target_loss stop the run at an evaluated round, but with "
+                          f"train.eval_every={train.eval_every} and train.rounds={train.rounds} the only evaluation "
+                          f"is after the last round; lower train.eval_every")
     deadline = train.deadline_s
     if train.round_policy == "deadline" and deadline is None:
         raise ConfigError("train.round_policy=deadline needs train.deadline_s > 0 (virtual seconds)")

@@ -18,6 +18,7 @@ from rayfed.algorithms.base import build_algorithm
 from rayfed.data.base import resident_count, sample_count
 from rayfed.errors import ConfigError, first_line
 from rayfed.models import build_model
+from rayfed.models.zoo import NotAModule
 from rayfed.models.forward import structure_problem
 from rayfed.registry import ALGORITHMS, DATASETS, MODELS, SELECTORS, Entry
 
@@ -54,6 +55,8 @@ def input_misfit(name: str, dataset: str) -> str | None:
         model = meta_model(name, dataset, (1,)).to_empty(device="cpu").eval()
         with torch.no_grad():
             model(torch.zeros(2, *shape.input_shape, dtype=shape.input_dtype))
+    except NotAModule:
+        raise
     except (ConfigError, RuntimeError, ValueError) as error:
         return first_line(error)[:200]
     return None
@@ -79,11 +82,14 @@ def check_model(config) -> torch.nn.Module:
                    and not structure_problem(meta_model(other, dataset, (1,)), needs, other)]
         raise ConfigError(f"algorithm.name={config.algorithm.name} takes the model's {needs}: {problem}; "
                           f"use one of: {', '.join(fitting)}")
-    if config.train.batch_size == 1 and any(isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
-                                            for module in model.modules()):
+    if config.train.batch_size == 1 and has_batchnorm(model):
         raise ConfigError(f"train.batch_size=1: model.name={name} has BatchNorm, which cannot train on "
                           f"batches of one sample; use train.batch_size >= 2 or model.name=logreg")
     return model
+
+
+def has_batchnorm(model: torch.nn.Module) -> bool:
+    return any(isinstance(module, torch.nn.modules.batchnorm._BatchNorm) for module in model.modules())
 
 
 def _inputs(shape: Entry) -> str:

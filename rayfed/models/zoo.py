@@ -7,7 +7,7 @@ import math
 
 from torch import Tensor, nn
 
-from rayfed.errors import ConfigError
+from rayfed.errors import ConfigError, kind_of
 from rayfed.models.forward import with_structure
 from rayfed.registry import MODELS
 
@@ -228,14 +228,23 @@ def cifar_cnn_ref(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     )
 
 
+class NotAModule(ConfigError):
+    """A model builder that returned something else: its own bug, not a misfit of the data."""
+
+
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
                 hidden_sizes: list[int] = (200, 100)) -> nn.Module:
     """The registered model `name` for inputs of `input_shape` and `num_classes` classes; builders
     that declare a `hidden_sizes` parameter get model.hidden_sizes."""
     entry = MODELS.get(name)
     if "hidden_sizes" in inspect.signature(entry.target).parameters:
-        return entry.target(input_shape, num_classes, hidden_sizes=list(hidden_sizes))
-    return entry.target(input_shape, num_classes)
+        model = entry.target(input_shape, num_classes, hidden_sizes=list(hidden_sizes))
+    else:
+        model = entry.target(input_shape, num_classes)
+    if not isinstance(model, nn.Module):
+        raise NotAModule(f"model.name={name}: its builder {getattr(entry.target, '__qualname__', name)} (in "
+                          f"{entry.source}) returned {kind_of(model)}, not a torch.nn.Module (a missing return?)")
+    return model
 
 
 def _image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
