@@ -260,7 +260,7 @@ def _is_shard(shard: Any) -> bool:
 def _parse_header(path: Path, line: bytes) -> dict:
     try:
         header = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (ValueError, RecursionError):       # not JSON, not UTF-8, or nested past the parser's depth
         header = None
     fields = {**HEADER_FIELDS, "sha256": str}
     if not isinstance(header, dict) or set(header) != set(fields) \
@@ -301,7 +301,7 @@ def lines_before(run_dir: Path, checkpoint: Checkpoint) -> list[bytes]:
     for number, line in enumerate(lines, start=1):
         try:
             record = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (ValueError, RecursionError):
             raise ConfigError(f"{path} line {number} is not JSON") from None
         if not isinstance(record, dict) or record.get("round") != number:
             raise ConfigError(f"{path} line {number} is not the record of round {number}")

@@ -74,7 +74,7 @@ def read_summary(run_dir: Path) -> dict | None:
     """A run's summary.json; None where it has none, or one that cannot be read."""
     try:
         summary = json.loads((run_dir / SUMMARY).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return summary if isinstance(summary, dict) else None
 
@@ -86,7 +86,7 @@ def recorded_rounds(run_dir: Path) -> Iterator[dict]:
             for number, line in enumerate(file, start=1):
                 try:
                     record = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):
                     return
                 if not isinstance(record, dict) or record.get("round") != number:
                     return

@@ -191,6 +191,9 @@ DAMAGES = {
                                "metrics.jsonl line 2 is not JSON"),
     "metrics lines out of order": (lambda d, o: edit_metrics(d, lambda lines: [lines[1], lines[0], *lines[2:]]),
                                    "metrics.jsonl line 1 is not the record of round 1"),
+    "a metrics line nested past JSON's depth": (lambda d, o: edit_metrics(d, lambda lines: [lines[0], "[" * 100000 + "\n",
+                                                                                       *lines[2:]]),
+                                                "metrics.jsonl line 2 is not JSON"),
     "fewer metrics lines than the checkpoint's rounds": (lambda d, o: edit_metrics(d, lambda lines: lines[:2]),
                                                          "metrics.jsonl has 2 rounds but checkpoint.pt has 4"),
     "an edited metrics value": (lambda d, o: edit_metrics(d, lambda lines: [lines[0].replace('"round": 1', '"round": 1, '

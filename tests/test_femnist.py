@@ -78,6 +78,9 @@ def test_iid_pools_the_writers_and_a_run_trains(tmp_path):
     (lambda data: data["user_data"]["f0001"]["x"].__setitem__(0, [0.5] * 10), "not 784 numbers"),
     (lambda data: data["user_data"]["f0001"]["y"].__setitem__(0, "a"), r"a label \(y\) that is not an integer"),
     (lambda data: data["num_samples"].__setitem__(0, 99), "says user 'f0001' has 99 samples"),
+    (lambda data: data["user_data"]["f0001"]["x"][0].__setitem__(3, 10**400),
+     r"user 'f0001' has an image \(x\) with a number too large for a float"),
+    (lambda data: data["user_data"]["f0001"]["y"].__setitem__(0, 10**400), r"a label \(y\) too large for an integer"),
 ])
 def test_a_damaged_file_is_one_line_naming_it(tmp_path, damage, message):
     root = write_femnist(tmp_path)

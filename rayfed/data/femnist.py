@@ -61,7 +61,10 @@ def _writer_samples(path: pathlib.Path, user: str, entry, count: int) -> Samples
     inputs, targets = leaf.user_arrays(path, user, entry, count, _REBUILD)
     if not all(type(label) is int for label in targets):
         raise leaf.bad_file(path, f"user {user!r} has a label (y) that is not an integer", _REBUILD)
-    labels = np.asarray(targets, dtype=np.int64)
+    try:
+        labels = np.asarray(targets, dtype=np.int64)
+    except OverflowError:
+        raise leaf.bad_file(path, f"user {user!r} has a label (y) too large for an integer", _REBUILD) from None
     if labels.size and (labels.min() < 0 or labels.max() >= LEAF_CLASSES):
         raise leaf.bad_file(path, f"user {user!r} has label {int(labels[(labels < 0) | (labels >= LEAF_CLASSES)][0])}, "
                                   f"outside LEAF's 0..{LEAF_CLASSES - 1}", _REBUILD)
@@ -70,6 +73,9 @@ def _writer_samples(path: pathlib.Path, user: str, entry, count: int) -> Samples
         images = np.asarray(inputs, dtype=np.float32)
     except (ValueError, TypeError):
         raise leaf.bad_file(path, f"user {user!r} has an image (x) that is not {size} numbers", _REBUILD) from None
+    except OverflowError:
+        raise leaf.bad_file(path, f"user {user!r} has an image (x) with a number too large for a float",
+                            _REBUILD) from None
     if not len(labels):
         images = np.zeros((0, size), dtype=np.float32)
     elif images.shape != (len(labels), size):
