@@ -28,15 +28,15 @@ from rayfed.engine.lost import ServerLost, WorkerLost
 from rayfed.engine.supervisor import Supervisor, WorkersGone
 from rayfed.engine.vectorized import vectorize_blocker
 from rayfed.errors import ConfigError, RunFinished, RunStopped
-from rayfed.metrics import METRICS, SUMMARY, read_summary, run_status, summarize
+from rayfed.metrics import CLIENTS, METRICS, SUMMARY, read_summary, run_status, summarize
 from rayfed.models import FlatModel, build_model
 from rayfed.resources import plan_client_states
 from rayfed.systems.clients import make_client_systems
 
 
 # What a run writes into its directory; removed again when it fails before its first round.
-RUN_FILES = ("config.yaml", "partition.csv", METRICS, METRICS + ".tmp", SUMMARY, CHECKPOINT,
-             CHECKPOINT + ".tmp", "mlflow.json")
+RUN_FILES = ("config.yaml", "partition.csv", METRICS, METRICS + ".tmp", CLIENTS, CLIENTS + ".tmp", SUMMARY,
+             CHECKPOINT, CHECKPOINT + ".tmp", "mlflow.json")
 
 
 @dataclasses.dataclass

@@ -60,6 +60,7 @@ def assert_mlflow_run_is_the_run_directory(client, run_dir: Path, status: str = 
 def test_a_run_is_logged_to_mlflow_as_its_run_directory_holds_it(tmp_path, tracking):
     result = rayfed.run(rayfed.load_config(None, LOCAL), run_dir=tmp_path / "run", progress=False)
     mlflow_run = assert_mlflow_run_is_the_run_directory(tracking, result.run_dir)
+    assert {"client_train_loss_mean", "client_train_loss_min", "client_local_steps_max"} <= set(mlflow_run.data.metrics)
     assert tracking.get_experiment(mlflow_run.info.experiment_id).name == "rayfed"
     assert mlflow_run.info.run_name == "run"
     downloaded = Path(tracking.download_artifacts(mlflow_run.info.run_id, "summary.json", str(tmp_path)))

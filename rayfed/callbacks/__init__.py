@@ -1,16 +1,17 @@
 """Callbacks: code run in the driver at fixed points of a run (rayfed.callbacks.base).
 
 rayfed's own outputs are callbacks too, listed here in the order they run: metrics.jsonl,
-summary.json, TensorBoard and MLflow when asked for, the progress bar; then the callbacks of the
-config's `logging.callbacks` and those given to `rayfed.run`; then the divergence stop, the
-target stop and the checkpoints, which come last so that every callback sees a round before the
-run stops after it or saves it."""
+summary.json, clients.jsonl, TensorBoard and MLflow when asked for, the progress bar; then the
+callbacks of the config's `logging.callbacks` and those given to `rayfed.run`; then the divergence
+stop, the target stop and the checkpoints, which come last so that every callback sees a round
+before the run stops after it or saves it."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from rayfed.callbacks.base import Callback, ModelShape, RunView, Stop
 from rayfed.callbacks.checkpoints import Checkpoints
+from rayfed.callbacks.clients_file import ClientsFile
 from rayfed.callbacks.divergence import Divergence
 from rayfed.callbacks.metrics_file import MetricsFile
 from rayfed.callbacks.progress import Progress
@@ -26,6 +27,8 @@ def run_callbacks(config, run_dir: Path, progress: bool, users: list[Callback]) 
     and its metrics file among them (checkpoints record its digest)."""
     metrics_file = MetricsFile(run_dir)
     writers: list[Callback] = [metrics_file, SummaryFile(run_dir)]
+    if config.logging.client_metrics:
+        writers.append(ClientsFile(run_dir))
     if config.logging.tensorboard:
         from rayfed.callbacks.tensorboard import TensorBoard
         writers.append(TensorBoard(run_dir))
