@@ -14,7 +14,7 @@ from torch import Tensor
 
 from rayfed.algorithms.local_training import LocalSchedule
 from rayfed.algorithms.base import AlgorithmContext, build_algorithm
-from rayfed.callbacks import Callback, ModelShape, build_configured, run_callbacks
+from rayfed.callbacks import Callback, ModelShape, build_configured, check_trackers, run_callbacks
 from rayfed.callbacks.target import REACHED_TARGET
 from rayfed.checkpoint import CHECKPOINT, Checkpoint, check_belongs_to, lines_before, read_checkpoint
 from rayfed.checkpoint_content import Declared, check_content
@@ -112,7 +112,8 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
              checkpoint: Checkpoint | None = None, lines: list[bytes] = ()) -> Result:
     if run_dir is None:
         run_dir = _fresh_run_dir(config)
-    # Before any work: where the client states go, and room for them.
+    # Before any work: the trackers answer, where the client states go, and room for them.
+    check_trackers(config)
     storage = StateStorage(plan_client_states(config, run_dir))
     client_systems = make_client_systems(config)
     data_started = time.perf_counter()

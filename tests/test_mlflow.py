@@ -3,6 +3,7 @@ numeric metrics.jsonl field per round at step = round, the resolved config as pa
 and summary.json as artifacts; a resumed run logs into the same MLflow run, each round once; a
 sweep's trials are runs of one experiment."""
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from mlflow.tracking import MlflowClient
 import rayfed
 from rayfed.callbacks.tensorboard import hparams_of, scalars
 from rayfed.cli import main
+from rayfed.engine.supervisor import Supervisor
 from tests.test_checkpoint import ROUNDS, interrupted
 from tests.test_engine_equivalence import SYNTHETIC_MLP
 from tests.test_sweep import BASE, write_sweep
@@ -110,6 +112,80 @@ def test_mlflow_that_is_not_installed_is_one_line_before_anything_runs(tmp_path,
     assert capsys.readouterr().err.strip() == ("rayfed: error: logging.mlflow needs MLflow (No module named "
                                                "'mlflow.tracking'): pip install 'rayfed[mlflow]'")
     assert not (tmp_path / "run").exists()
+
+
+def _damaged_sqlite(tmp_path):
+    (tmp_path / "damaged.db").write_bytes(b"not a database")
+    return f"sqlite:///{tmp_path / 'damaged.db'}"
+
+
+@pytest.mark.parametrize("uri, experiment, message", [
+    (lambda tmp_path: f"file://{tmp_path / 'folder'}", None,
+     "cannot be used: MlflowException: The filesystem tracking backend (e.g., './mlruns') is in maintenance mode and "
+     "will not receive further updates. Please migrate to a database backend (e.g., 'sqlite:///mlflow.db') to access "
+     "the latest MLflow features."),
+    (lambda tmp_path: "bogus://x", None,
+     "cannot be used: UnsupportedModelRegistryStoreURIException: Model registry functionality is unavailable; got "
+     "unsupported URI 'bogus://x' for model registry data storage."),
+    (_damaged_sqlite, None, "cannot be used: DatabaseError: (sqlite3.DatabaseError) file is not a database"),
+    (lambda tmp_path: "http://127.0.0.1:1", None,
+     "cannot be used: MlflowException: API request to http://127.0.0.1:1/api/2.0/mlflow/experiments/get-by-name failed "
+     "with exception HTTPConnectionPool(host='127.0.0.1', port=1): Max retries exceeded with url: "
+     "/api/2.0/mlflow/experiments/get-by-name?experiment_name=rayfed (Caused by NewConnectionError"),
+    (lambda tmp_path: f"sqlite:///{tmp_path / 'missing' / 'mlflow.db'}", None,
+     "cannot be created: {tmp_path}/missing is not a writable directory"),
+    (lambda tmp_path: "sqlite:///mlflow.db", "x" * 1000,
+     "logging.mlflow: the experiment name (logging.mlflow_experiment) is 1000 characters long; MLflow takes at most "
+     "500"),
+])
+def test_a_store_or_experiment_mlflow_refuses_is_one_line_before_anything_runs(tmp_path, monkeypatch, capsys, uri,
+                                                                              experiment, message):
+    """Found by the callback only with the first round, each of these stopped the run after it (and an
+    unreachable server after 257 s of MLflow's retries); each is one line, exit code 2, within seconds."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri(tmp_path))
+    named = [f"logging.mlflow_experiment={experiment}"] if experiment else []
+    started = time.monotonic()
+    assert main(["run", *LOCAL, *named, "--out", str(tmp_path / "run")]) == 2
+    assert time.monotonic() - started < 20
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    expected = message.format(tmp_path=tmp_path)
+    if not expected.startswith("logging.mlflow:"):
+        expected = f"logging.mlflow: MLflow's tracking store {uri(tmp_path)} (MLFLOW_TRACKING_URI) {expected}"
+    assert err.startswith(f"rayfed: error: {expected}"), err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_deleted_experiment_is_one_line_before_anything_runs(tmp_path, tracking, store, capsys):
+    gone = tracking.create_experiment("gone")
+    tracking.delete_experiment(gone)
+    assert main(["run", *LOCAL, "logging.mlflow_experiment=gone", "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == (
+        f"rayfed: error: logging.mlflow: the experiment 'gone' (logging.mlflow_experiment) is deleted in MLflow's "
+        f"tracking store {store} (MLFLOW_TRACKING_URI); restore it (mlflow experiments restore --experiment-id {gone}) "
+        f"or name another\n")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_without_mlflow_never_contacts_the_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
+    result = rayfed.run(rayfed.load_config(None, SYNTHETIC_MLP + ["engine.backend=local"]), run_dir=tmp_path / "run",
+                        progress=False)
+    assert result.summary["status"] == "finished"
+
+
+def test_a_run_that_fails_before_its_first_round_creates_no_sqlite_store(tmp_path, monkeypatch):
+    def broken(self):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(Supervisor, "run", broken)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'new.db'}")
+    with pytest.raises(RuntimeError, match="boom"):
+        rayfed.run(rayfed.load_config(None, LOCAL), run_dir=tmp_path / "run", progress=False)
+    assert not (tmp_path / "new.db").exists()
 
 
 @pytest.mark.slow

@@ -19,7 +19,15 @@ from rayfed.callbacks.registry import build_configured, register_callback
 from rayfed.callbacks.summary_file import SummaryFile
 from rayfed.callbacks.target import Target
 
-__all__ = ["Callback", "ModelShape", "RunView", "Stop", "build_configured", "register_callback", "run_callbacks"]
+__all__ = ["Callback", "ModelShape", "RunView", "Stop", "build_configured", "check_trackers", "register_callback",
+           "run_callbacks"]
+
+
+def check_trackers(config) -> None:
+    """Before any work: the trackers the config logs to can take the run (none is contacted otherwise)."""
+    if config.logging.mlflow:
+        from rayfed.callbacks.mlflow import check_store
+        check_store(config.logging.mlflow_experiment)
 
 
 def run_callbacks(config, run_dir: Path, progress: bool, users: list[Callback]) -> tuple[MetricsFile, list[Callback]]:
