@@ -28,6 +28,19 @@ class Stop:
     reason: str
     status: str = "stopped"
 
+    def __post_init__(self):
+        """Checked here, so that a callback that builds a bad Stop fails in its own hook, naming itself,
+        rather than the run writing the bad value into summary.json."""
+        for name in ("reason", "status"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise TypeError(f"rayfed.Stop: {name} must be a string, not {type(value).__name__} ({value!r:.80})")
+            if not value.strip() or len(value.splitlines()) != 1:
+                raise ValueError(f"rayfed.Stop: {name} must be one line of text, not {value!r:.80}")
+        if self.status == "finished":
+            raise ValueError("rayfed.Stop: status 'finished' is for a run that played all its rounds; a Stop ends "
+                             "it early (its default status is 'stopped')")
+
 
 class Callback:
     """Code of your own at fixed points of a run; override the hooks you need (each does nothing
