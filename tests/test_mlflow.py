@@ -12,7 +12,9 @@ from mlflow.tracking import MlflowClient
 
 import rayfed
 from rayfed.callbacks.tensorboard import hparams_of, scalars
+from rayfed.callbacks import check_trackers
 from rayfed.cli import main
+from rayfed.errors import ConfigError
 from rayfed.engine.supervisor import Supervisor
 from tests.test_checkpoint import ROUNDS, interrupted
 from tests.test_engine_equivalence import SYNTHETIC_MLP
@@ -170,22 +172,32 @@ def test_a_deleted_experiment_is_one_line_before_anything_runs(tmp_path, trackin
     assert not (tmp_path / "run").exists()
 
 
-def test_a_run_without_mlflow_never_contacts_the_store(tmp_path, monkeypatch):
+def test_only_a_run_with_mlflow_contacts_the_store(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
-    result = rayfed.run(rayfed.load_config(None, SYNTHETIC_MLP + ["engine.backend=local"]), run_dir=tmp_path / "run",
-                        progress=False)
-    assert result.summary["status"] == "finished"
+    without = rayfed.load_config(None, SYNTHETIC_MLP + ["engine.backend=local"])
+    check_trackers(without)
+    assert rayfed.run(without, run_dir=tmp_path / "run", progress=False).summary["status"] == "finished"
+    with pytest.raises(ConfigError, match=r"^logging.mlflow: MLflow's tracking store http://127.0.0.1:1 "):
+        check_trackers(rayfed.load_config(None, LOCAL))
 
 
-def test_a_run_that_fails_before_its_first_round_creates_no_sqlite_store(tmp_path, monkeypatch):
+def test_the_check_creates_no_sqlite_store_and_the_first_round_does(tmp_path, monkeypatch):
+    """A run that fails before its first round leaves no store behind, as before the check."""
     def broken(self):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(Supervisor, "run", broken)
+    monkeypatch.chdir(tmp_path)     # where MLflow puts the new experiment's artifacts
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'new.db'}")
-    with pytest.raises(RuntimeError, match="boom"):
-        rayfed.run(rayfed.load_config(None, LOCAL), run_dir=tmp_path / "run", progress=False)
+    config = rayfed.load_config(None, LOCAL)
+    check_trackers(config)
     assert not (tmp_path / "new.db").exists()
+    with monkeypatch.context() as patched:
+        patched.setattr(Supervisor, "run", broken)
+        with pytest.raises(RuntimeError, match="boom"):
+            rayfed.run(config, run_dir=tmp_path / "failed", progress=False)
+    assert not (tmp_path / "new.db").exists()
+    rayfed.run(config, run_dir=tmp_path / "run", progress=False)
+    assert (tmp_path / "new.db").exists()
 
 
 @pytest.mark.slow
