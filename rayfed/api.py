@@ -15,7 +15,7 @@ from torch import Tensor
 
 from rayfed.algorithms.local_training import LocalSchedule
 from rayfed.algorithms.base import AlgorithmContext, build_algorithm
-from rayfed.callbacks import Callback, ModelShape, build_configured, run_callbacks
+from rayfed.callbacks import Callback, ModelShape, build_configured, check_trackers, run_callbacks
 from rayfed.callbacks.target import REACHED_TARGET, Target
 from rayfed.checkpoint import (CHECKPOINT, RESUME_MAY_CHANGE, Checkpoint, check_belongs_to, lines_before,
                                read_checkpoint)
@@ -32,15 +32,15 @@ from rayfed.engine.supervisor import Supervisor, WorkersGone
 from rayfed.engine.vectorized import vectorize_blocker
 from rayfed.errors import ConfigError, RunFinished, RunStopped
 from rayfed.fields import format_number
-from rayfed.metrics import METRICS, SUMMARY, recorded_rounds, summarize
+from rayfed.metrics import CLIENTS, METRICS, SUMMARY, recorded_rounds, summarize
 from rayfed.models import FlatModel, build_model
 from rayfed.resources import plan_client_states
 from rayfed.systems.clients import make_client_systems
 
 
 # What a run writes into its directory; removed again when it fails before its first round.
-RUN_FILES = ("config.yaml", "partition.csv", METRICS, METRICS + ".tmp", SUMMARY, CHECKPOINT,
-             CHECKPOINT + ".tmp", "mlflow.json")
+RUN_FILES = ("config.yaml", "partition.csv", METRICS, METRICS + ".tmp", CLIENTS, CLIENTS + ".tmp", SUMMARY,
+             CHECKPOINT, CHECKPOINT + ".tmp", "mlflow.json")
 
 
 @dataclasses.dataclass
@@ -143,7 +143,8 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
              checkpoint: Checkpoint | None = None, lines: list[bytes] = ()) -> Result:
     if run_dir is None:
         run_dir = _fresh_run_dir(config)
-    # Before any work: where the client states go, and room for them.
+    # Before any work: the trackers answer, where the client states go, and room for them.
+    check_trackers(config)
     storage = StateStorage(plan_client_states(config, run_dir))
     client_systems = make_client_systems(config)
     data_started = time.perf_counter()

@@ -479,6 +479,9 @@ class LoggingConfig(_Section):
     `MLFLOW_TRACKING_URI`, else `./mlruns`."""
     mlflow_experiment: Optional[_Text] = None
     """The MLflow experiment; `null`: `rayfed`, or for a sweep's trials the sweep's name."""
+    client_metrics: Flag = False
+    """Also write `clients.jsonl`: one line per round and counted client with its sample count and every number it
+    reported (the round's record holds their mean, min and max as `client_<name>_mean`, `_min`, `_max` either way)."""
     callbacks: Annotated[list[_CallbackEntry], Field(strict=True, max_length=MAX_CALLBACKS)] = \
         Field(default_factory=list)
     """Callbacks to run in the driver: registered names or importable `module.Class` paths, each alone or as `{name:

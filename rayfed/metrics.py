@@ -4,12 +4,21 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import numbers
 import os
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
+
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
+CLIENTS = "clients.jsonl"
+# Where the server's round record carries the round's per-client rows to the driver (logging.client_metrics),
+# which takes them out before it keeps the record: they go to clients.jsonl, not metrics.jsonl.
+CLIENT_ROWS = "clients"
+# A client row's own keys: a metric a client reports under one of these names stays out of its row.
+CLIENT_ROW_KEYS = ("round", "client", "num_samples")
 # Keys that measure the machine, not the maths: they differ between identical runs.
 WALL_CLOCK_KEYS = ("wall_time_s", "phase_s")
 
@@ -27,9 +36,10 @@ def strict_json(value: Any) -> Any:
 
 
 class MetricsLog:
-    """Appends one JSON object per round to metrics.jsonl, flushed so a crash keeps what was done.
-    It keeps the SHA-256 of the lines written so far, which a checkpoint records so that a resume
-    can tell whether the file still holds the rounds the checkpoint continues from."""
+    """Appends JSON objects, one a line, to a run's file (metrics.jsonl: one per round; clients.jsonl),
+    flushed so a crash keeps what was done. It keeps the SHA-256 of the lines written so far, which a
+    checkpoint records for metrics.jsonl so that a resume can tell whether the file still holds the
+    rounds the checkpoint continues from."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -38,10 +48,14 @@ class MetricsLog:
 
     def append(self, record: dict) -> None:
         """Writes the round's record, which the run keeps as strict JSON (strict_json)."""
-        line = (json.dumps(record, allow_nan=False) + "\n").encode()
-        self.file.write(line)
+        self.extend([record])
+
+    def extend(self, records: list[dict]) -> None:
+        """Writes `records` (strict JSON) with one flush: a round's clients in clients.jsonl."""
+        lines = b"".join((json.dumps(record, allow_nan=False) + "\n").encode() for record in records)
+        self.file.write(lines)
         self.file.flush()
-        self.digest.update(line)
+        self.digest.update(lines)
 
     def sha256(self) -> str:
         return self.digest.hexdigest()
@@ -62,6 +76,38 @@ class MetricsLog:
 
     def close(self) -> None:
         self.file.close()
+
+
+def reported_numbers(reported: dict) -> dict[str, int | float]:
+    """The numbers among what a client reported in its upload's metrics, as plain ints and floats:
+    flags, text, lists and tensors reach the algorithm's server step only."""
+    return {name: int(value) if isinstance(value, numbers.Integral) else float(value)
+            for name, value in reported.items()
+            if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))}
+
+
+def client_fields(reported: list[dict]) -> dict[str, int | float]:
+    """The round record's view of the clients' metrics: for each number `name` that one of the
+    round's counted clients reported, `client_<name>_mean`, `_min` and `_max` over the clients that
+    reported it (names in sorted order; a NaN among them makes all three NaN)."""
+    columns: dict[str, list] = {}
+    for client in reported:
+        for name, value in reported_numbers(client).items():
+            columns.setdefault(name, []).append(value)
+    fields = {}
+    for name in sorted(columns):
+        values = columns[name]
+        undefined = any(isinstance(value, float) and math.isnan(value) for value in values)
+        fields[f"client_{name}_mean"] = float(np.mean(values))
+        fields[f"client_{name}_min"] = math.nan if undefined else min(values)
+        fields[f"client_{name}_max"] = math.nan if undefined else max(values)
+    return fields
+
+
+def client_row(round: int, client: int, num_samples: int, reported: dict) -> dict:
+    """One line of clients.jsonl: the 1-based round, the client, its sample count and the numbers it reported."""
+    return {"round": round, "client": client, "num_samples": int(num_samples),
+            **{name: value for name, value in reported_numbers(reported).items() if name not in CLIENT_ROW_KEYS}}
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:

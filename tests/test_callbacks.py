@@ -130,6 +130,39 @@ def test_a_callback_returning_something_else_than_a_stop_is_named(tmp_path):
         rayfed.run(rayfed.load_config(None, LOCAL), run_dir=tmp_path / "run", progress=False, callbacks=[Confused()])
 
 
+class BadStop(rayfed.Callback):
+    def __init__(self, *arguments):
+        self.arguments = arguments
+
+    def on_round_end(self, run, record):
+        return rayfed.Stop(*self.arguments) if record["round"] == 2 else None
+
+
+@pytest.mark.parametrize("arguments, error", [
+    (("enough", [1]), "TypeError: rayfed.Stop: status must be a string, not list ([1])"),
+    ((3,), "TypeError: rayfed.Stop: reason must be a string, not int (3)"),
+    (("",), "ValueError: rayfed.Stop: reason must be one line of text, not ''"),
+    (("two\nlines",), "ValueError: rayfed.Stop: reason must be one line of text, not 'two\\nlines'"),
+    (("enough", "finished"), "ValueError: rayfed.Stop: status 'finished' is for a run that played all its rounds; a "
+                             "Stop ends it early (its default status is 'stopped')"),
+])
+def test_a_callback_building_a_bad_stop_stops_the_run_with_one_line_naming_it(tmp_path, arguments, error):
+    """Once, `status=[1]` ended the run normally and landed in summary.json."""
+    run_dir = tmp_path / "run"
+    with pytest.raises(RunStopped) as stopped:
+        rayfed.run(rayfed.load_config(None, LOCAL), run_dir=run_dir, progress=False, callbacks=[BadStop(*arguments)])
+    assert str(stopped.value) == (f"callback tests.test_callbacks.BadStop failed in on_round_end: {error}; {run_dir} "
+                                  f"keeps rounds 1-2; there is no checkpoint to resume from")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["rounds_completed"]) == ("callback_failed", 2)
+
+
+def test_a_stop_with_a_status_of_its_own_records_it(tmp_path):
+    result = rayfed.run(rayfed.load_config(None, LOCAL), run_dir=tmp_path / "run", progress=False,
+                        callbacks=[BadStop("plateau reached", "plateau")])
+    assert (result.summary["status"], result.summary["stopped_because"]) == ("plateau", "plateau reached")
+
+
 def test_a_failing_run_end_fails_the_command_but_keeps_the_finished_summary(tmp_path):
     class Broken(rayfed.Callback):
         def on_run_end(self, run, summary):
@@ -271,9 +304,16 @@ def test_the_built_in_writers_write_the_quick_start_as_before(tmp_path):
                         run_dir=tmp_path / "run", progress=False)
     records = [{key: value for key, value in record.items() if key not in WALL_CLOCK_KEYS}
                for record in lines(result.run_dir)]
+    # The clients' fields came later: without them the records are as before, and their means are
+    # the fields the records had.
+    client_keys = {f"client_{name}_{kind}" for name in ("train_loss", "local_steps") for kind in ("mean", "min", "max")}
+    assert all(set(record) >= client_keys for record in records)
+    assert all((record["client_train_loss_mean"], record["client_local_steps_mean"]) ==
+               (record["train_loss"], record["local_steps"]) for record in records)
+    before = [{key: value for key, value in record.items() if key not in client_keys} for record in records]
     capability = torch.backends.cpu.get_cpu_capability()
     assert capability in QUICK_START_RECORDS, f"no reference records for PyTorch's {capability} kernels"
-    assert hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest() == QUICK_START_RECORDS[capability]
+    assert hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest() == QUICK_START_RECORDS[capability]
     summary = json.loads((result.run_dir / "summary.json").read_text())
     assert (summary["final_test_accuracy"], summary["best_test_accuracy"], summary["best_round"]) == \
         (0.7597200622083982, 0.7884914463452566, 720)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import rayfed
+from rayfed.callbacks.divergence import likely_cause
 from rayfed.checkpoint import read_checkpoint
 from rayfed.cli import main
 from rayfed.engine.supervisor import Supervisor
@@ -43,6 +44,30 @@ def test_divergence_stops_the_run_with_one_line_and_keeps_what_was_computed(tmp_
     assert None in (diverged["train_loss"], diverged["test_loss"]) or diverged["model_finite"] is False
     summary = strict_json((out / "summary.json").read_text())
     assert summary["status"] == "diverged" and summary["rounds_completed"] == len(records)
+
+
+def test_divergence_under_a_weight_decay_sgd_cannot_take_blames_the_weight_decay(tmp_path, capsys):
+    """lr * lambda = 0.02 * 1e6: the decay alone multiplies the weights by -19999 a step; the learning
+    rate, blamed before, is the quick-start's."""
+    code = main(["run", *LOCAL, "train.weight_decay=1e6", "--out", str(tmp_path / "run"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1, err
+    assert ("likely cause: weight decay: each local step multiplies the weights by 1 - algorithm.lr_local * "
+            "train.weight_decay = -19999, which grows them whatever the data (train.weight_decay=1000000.0, "
+            f"algorithm.lr_local=0.02: their product must stay below 2); {tmp_path / 'run'} keeps rounds 1-") in err
+
+
+@pytest.mark.parametrize("overrides, cause", [
+    ([], "learning rates too large for this model and data (algorithm.lr_local=0.02, algorithm.lr_global=1.0)"),
+    (["train.weight_decay=49"], "learning rates too large for this model and data (algorithm.lr_local=0.02, "
+                                "algorithm.lr_global=1.0)"),
+    (["train.weight_decay=60", "train.weight_decay_mode=decoupled"],
+     "learning rates too large with this weight decay: algorithm.lr_local * train.weight_decay = 1.2 leaves little "
+     "of SGD's stability limit 2 to the loss (algorithm.lr_local=0.02, algorithm.lr_global=1.0, "
+     "train.weight_decay=60.0)"),
+])
+def test_the_likely_cause_of_a_divergence_weighs_the_weight_decay_against_the_learning_rate(overrides, cause):
+    assert likely_cause(rayfed.load_config(None, LOCAL + overrides)) == cause
 
 
 def test_a_failure_before_the_first_round_leaves_no_run_directory(tmp_path, monkeypatch):

@@ -48,7 +48,8 @@ def assert_events_are_the_metrics(run_dir, rounds: int):
 def test_event_files_hold_every_numeric_metrics_field_of_every_round(tmp_path):
     result = rayfed.run(rayfed.load_config(None, LOCAL), run_dir=tmp_path / "run", progress=False)
     expected = assert_events_are_the_metrics(result.run_dir, 4)
-    assert {"train_loss", "bytes_up", "wall_time_s", "phase_s/train", "test_accuracy"} <= set(expected)
+    assert {"train_loss", "bytes_up", "wall_time_s", "phase_s/train", "test_accuracy", "client_train_loss_max",
+            "client_local_steps_min"} <= set(expected)
     assert sorted(expected["test_accuracy"]) == [2, 4]          # evaluated rounds only
     assert len(list(result.run_dir.glob(EVENT_FILES))) == 1
 

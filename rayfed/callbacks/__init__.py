@@ -1,16 +1,17 @@
 """Callbacks: code run in the driver at fixed points of a run (rayfed.callbacks.base).
 
 rayfed's own outputs are callbacks too, listed here in the order they run: metrics.jsonl,
-summary.json, TensorBoard and MLflow when asked for, the progress bar; then the callbacks of the
-config's `logging.callbacks` and those given to `rayfed.run`; then the divergence stop, the
-target stop and the checkpoints, which come last so that every callback sees a round before the
-run stops after it or saves it."""
+summary.json, clients.jsonl, TensorBoard and MLflow when asked for, the progress bar; then the
+callbacks of the config's `logging.callbacks` and those given to `rayfed.run`; then the divergence
+stop, the target stop and the checkpoints, which come last so that every callback sees a round
+before the run stops after it or saves it."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from rayfed.callbacks.base import Callback, ModelShape, RunView, Stop
 from rayfed.callbacks.checkpoints import Checkpoints
+from rayfed.callbacks.clients_file import ClientsFile
 from rayfed.callbacks.divergence import Divergence
 from rayfed.callbacks.metrics_file import MetricsFile
 from rayfed.callbacks.progress import Progress
@@ -18,7 +19,15 @@ from rayfed.callbacks.registry import build_configured, register_callback
 from rayfed.callbacks.summary_file import SummaryFile
 from rayfed.callbacks.target import Target
 
-__all__ = ["Callback", "ModelShape", "RunView", "Stop", "build_configured", "register_callback", "run_callbacks"]
+__all__ = ["Callback", "ModelShape", "RunView", "Stop", "build_configured", "check_trackers", "register_callback",
+           "run_callbacks"]
+
+
+def check_trackers(config) -> None:
+    """Before any work: the trackers the config logs to can take the run (none is contacted otherwise)."""
+    if config.logging.mlflow:
+        from rayfed.callbacks.mlflow import check_store
+        check_store(config.logging.mlflow_experiment)
 
 
 def run_callbacks(config, run_dir: Path, progress: bool, users: list[Callback]) -> tuple[MetricsFile, list[Callback]]:
@@ -26,6 +35,8 @@ def run_callbacks(config, run_dir: Path, progress: bool, users: list[Callback]) 
     and its metrics file among them (checkpoints record its digest)."""
     metrics_file = MetricsFile(run_dir)
     writers: list[Callback] = [metrics_file, SummaryFile(run_dir)]
+    if config.logging.client_metrics:
+        writers.append(ClientsFile(run_dir))
     if config.logging.tensorboard:
         from rayfed.callbacks.tensorboard import TensorBoard
         writers.append(TensorBoard(run_dir))

@@ -28,6 +28,19 @@ class Stop:
     reason: str
     status: str = "stopped"
 
+    def __post_init__(self):
+        """Checked here, so that a callback that builds a bad Stop fails in its own hook, naming itself,
+        rather than the run writing the bad value into summary.json."""
+        for name in ("reason", "status"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise TypeError(f"rayfed.Stop: {name} must be a string, not {type(value).__name__} ({value!r:.80})")
+            if not value.strip() or len(value.splitlines()) != 1:
+                raise ValueError(f"rayfed.Stop: {name} must be one line of text, not {value!r:.80}")
+        if self.status == "finished":
+            raise ValueError("rayfed.Stop: status 'finished' is for a run that played all its rounds; a Stop ends "
+                             "it early (its default status is 'stopped')")
+
 
 class Callback:
     """Code of your own at fixed points of a run; override the hooks you need (each does nothing
@@ -40,7 +53,8 @@ class Callback:
       from the last checkpoint.
     - `on_run_start(run)`: before the first round this process plays.
     - `on_round_end(run, record)`: after every round, with its metrics.jsonl record (a copy);
-      return a `Stop` to end the run after it.
+      return a `Stop` to end the run after it. With `logging.client_metrics`, `run.round_clients`
+      holds the round's per-client rows, as clients.jsonl does.
     - `on_checkpoint(run, rounds_completed)`: after checkpoint.pt was written.
     - `on_run_end(run, summary)`: once, however the run ended (finished, stopped, failed), with
       the summary.json content, or None when the run ended before its first round and left
@@ -79,13 +93,14 @@ class RunView:
     model, fetched from the server only when asked for (a copy: changing it changes nothing)."""
 
     def __init__(self, config: Config, run_dir: Path, shape: ModelShape, history: list[dict],
-                 fetch_global: Callable[[], tuple[Tensor, Tensor]], checkpoint: Callable[[], None],
-                 resumed_from: int | None):
+                 round_clients: list[dict], fetch_global: Callable[[], tuple[Tensor, Tensor]],
+                 checkpoint: Callable[[], None], resumed_from: int | None):
         self.config = config
         self.run_dir = run_dir
         self.resumed_from = resumed_from     # the rounds a resumed run continues from; None for a new run
         self._shape = shape
         self._history = history
+        self._round_clients = round_clients
         self._fetch_global = fetch_global
         self._checkpoint = checkpoint
 
@@ -98,6 +113,13 @@ class RunView:
         """Every round's record so far, resumed ones included, as metrics.jsonl holds them (a
         read-only view, not a copy: asking for it every round costs nothing)."""
         return _ReadOnly(self._history)
+
+    @property
+    def round_clients(self) -> Sequence[dict]:
+        """The last round's per-client rows with `logging.client_metrics` (empty without it): for each
+        client that counted, `round`, `client`, `num_samples` and the numbers it reported in its
+        upload's metrics, as clients.jsonl holds them (a read-only view)."""
+        return _ReadOnly(self._round_clients)
 
     def global_params(self) -> Tensor:
         """The global model's parameters as one flat float32 tensor, on the CPU."""

@@ -10,14 +10,16 @@ run directory (mlflow.json), so that a resumed run goes on logging into the same
 Rounds that run again after a rewind are not logged twice: they reproduce the same values."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import time
 from pathlib import Path
 
 from rayfed.callbacks.base import Callback, RunView
 from rayfed.callbacks.tensorboard import hparams_of, scalars
-from rayfed.errors import ConfigError
+from rayfed.errors import ConfigError, first_line
 from rayfed.metrics import SUMMARY
 
 MLFLOW_RUN = "mlflow.json"
@@ -30,6 +32,13 @@ MAX_PARAMS_PER_CALL = 100
 MAX_METRICS_PER_CALL = 1000
 # MLflow's status of a run, from summary.json's.
 MLFLOW_STATUS = {"finished": "FINISHED", "reached_target": "FINISHED", "stopped": "FINISHED", "interrupted": "KILLED"}
+# MLflow's longest experiment name (mlflow.utils.validation).
+MAX_EXPERIMENT_NAME = 500
+# For the check before a run alone: a store that does not answer is told within seconds, where MLflow's
+# own retries wait minutes. The run's logging keeps MLflow's defaults.
+CHECK_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+# How much of MLflow's message a line of ours keeps.
+MESSAGE_CHARS = 300
 
 
 def mlflow_client_class() -> type:
@@ -41,10 +50,91 @@ def mlflow_client_class() -> type:
     return MlflowClient
 
 
+def experiment_name(configured: str | None) -> str:
+    """The run's experiment: `logging.mlflow_experiment`, else MLFLOW_EXPERIMENT_NAME, else rayfed's default."""
+    return configured or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
+
+
+def check_store(configured_experiment: str | None) -> None:
+    """Before any work: the experiment's name is one MLflow takes, MLflow's tracking store answers, and
+    the experiment, when it exists, is not deleted. A ConfigError of one line otherwise, where the
+    callback, which connects with the first round, would stop the run after it. A sqlite store that
+    does not exist yet is not created here (a run that fails before its first round leaves none): its
+    directory must exist and be writable."""
+    experiment = experiment_name(configured_experiment)
+    source = ("logging.mlflow_experiment" if configured_experiment else
+              "MLFLOW_EXPERIMENT_NAME" if os.environ.get("MLFLOW_EXPERIMENT_NAME") else "rayfed's default")
+    if len(experiment) > MAX_EXPERIMENT_NAME:
+        raise ConfigError(f"logging.mlflow: the experiment name ({source}) is {len(experiment)} characters long; "
+                          f"MLflow takes at most {MAX_EXPERIMENT_NAME}")
+    client_class = mlflow_client_class()
+    from mlflow.tracking import get_tracking_uri
+    uri = get_tracking_uri()
+    where = f"MLflow's tracking store {uri}" + (" (MLFLOW_TRACKING_URI)" if os.environ.get("MLFLOW_TRACKING_URI")
+                                                 else "")
+    database = _new_sqlite_file(uri)
+    if database is not None:
+        if not database.parent.is_dir() or not os.access(database.parent, os.W_OK | os.X_OK):
+            raise ConfigError(f"logging.mlflow: {where} cannot be created: {database.parent} is not a writable "
+                              f"directory")
+        return
+    with _environment(CHECK_HTTP):
+        try:
+            found = client_class(uri).get_experiment_by_name(experiment)
+        except Exception as error:  # MLflow, SQLAlchemy and requests raise many types; each means the same here
+            raise ConfigError(f"logging.mlflow: {where} cannot be used: {type(error).__name__}: "
+                              f"{_brief(error)}") from None
+    if found is not None and found.lifecycle_stage == "deleted":
+        raise ConfigError(f"logging.mlflow: the experiment {experiment!r} ({source}) is deleted in {where}; restore "
+                          f"it (mlflow experiments restore --experiment-id {found.experiment_id}) or name another")
+
+
+def _new_sqlite_file(uri: str) -> Path | None:
+    """The file of a sqlite store that does not exist yet; None for any other store."""
+    if not uri.startswith("sqlite:"):
+        return None
+    from sqlalchemy.engine import make_url        # MLflow's own dependency for its database stores
+    try:
+        database = make_url(uri).database
+    except Exception:  # a malformed URI: MLflow's own message says so
+        return None
+    if not database or database == ":memory:" or database.startswith("file:") or Path(database).exists():
+        return None
+    return Path(database).absolute()
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]):
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _brief(error: BaseException) -> str:
+    """The first line of `error`, cut after the last sentence that fits MESSAGE_CHARS (the first, at least)."""
+    line = first_line(error)
+    if len(line) <= MESSAGE_CHARS:
+        return line
+    sentences = re.split(r"(?<=\.) ", line)
+    kept = sentences[0]
+    for sentence in sentences[1:]:
+        if len(kept) + 1 + len(sentence) > MESSAGE_CHARS:
+            break
+        kept += " " + sentence
+    return kept
+
+
 class MLflow(Callback):
     def __init__(self, run_dir: Path, experiment: str | None):
         self.run_dir = Path(run_dir)
-        self.experiment = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
+        self.experiment = experiment_name(experiment)
         self.client = None              # connected with the first round: a run that fails before it creates no store
         self.run_id: str | None = None
         self.logged_through = 0         # the last round the MLflow run holds

@@ -30,6 +30,7 @@ from rayfed.engine.messages import Broadcast, WorkerResult, WorkerSums
 from rayfed.engine.process_memory import peak_rss
 from rayfed.engine.state_store import tensors_to
 from rayfed.engine.worker import device_for, threads_per_process
+from rayfed.metrics import CLIENT_ROWS, client_fields, client_row
 from rayfed.models import FlatModel, build_model
 from rayfed.seeding import Purpose, derive_seed
 from rayfed.selection.sampler import ClientSampler
@@ -64,6 +65,7 @@ class Server:
         self.algorithm = build_algorithm(config.algorithm, context)
         self.num_clients = config.data.num_clients
         self.rounds = config.train.rounds
+        self.client_rows = config.logging.client_metrics
         self.schedule = LocalSchedule.from_config(config.train)
         self.client_sizes = client_systems.client_sizes
         self.sampler = ClientSampler(config.selection, config.seed, client_systems.client_sizes)
@@ -113,7 +115,8 @@ class Server:
         """Completes round `round` (0-based) of `plan` from the workers' results. Returns its metrics
         and the algorithm's reply with the clients it goes to, those that counted (None when it does
         not reply). `lost`: clients trained this round whose results never came (their worker was
-        late or died)."""
+        late or died). With logging.client_metrics the metrics carry the counted clients' rows for
+        clients.jsonl under CLIENT_ROWS, which the driver takes out."""
         step_started_at, started = time.time(), time.perf_counter()
         # On this server's device: the uploads, or the partial sums that stand for them (engine.partial_sums).
         worker_results = [packed.to(self.device) for packed in worker_results]
@@ -145,7 +148,11 @@ class Server:
                                len(counted), downlink),
             "virtual_time_s": self.clock.virtual_time_s,
             **algorithm_metrics,
+            **client_fields([r.upload.metrics for r in counted]),
         }
+        if self.client_rows:
+            metrics[CLIENT_ROWS] = [client_row(round + 1, r.client_id, r.upload.num_samples, r.upload.metrics)
+                                    for r in counted]
         if not self.aggregation.model_finite():
             metrics["model_finite"] = False
         stepped = time.perf_counter()

@@ -36,7 +36,7 @@ from rayfed.engine.state_store import SpillFailed
 from rayfed.engine.worker import client_owner
 from rayfed.errors import ConfigError, RunStopped, first_line
 from rayfed.faults import SERVER, FaultSchedule
-from rayfed.metrics import strict_json
+from rayfed.metrics import CLIENT_ROWS, strict_json
 
 
 class WorkersGone(Exception):
@@ -61,12 +61,13 @@ class Supervisor:
         self.config = config
         self.run_dir = run_dir
         self.history: list[dict] = []   # every round's metrics so far, resumed ones included
+        self.round_clients: list[dict] = []     # the last round's per-client rows (logging.client_metrics)
         self.metrics_file = metrics_file
         self.declared = declared
         self.callbacks = CallbackList(callbacks, (WorkerLost, ServerLost, WorkersGone, Replay, SpillFailed),
                                       self._kept)
-        self.view = RunView(config, run_dir, shape, self.history, self._global_model, self._checkpoint,
-                            resumed_from)
+        self.view = RunView(config, run_dir, shape, self.history, self.round_clients, self._global_model,
+                            self._checkpoint, resumed_from)
         self.stop: tuple[Stop, Callback] | None = None
         self.final: dict | None = None
         self.faults = FaultSchedule(config.engine.fault_injection, config.engine.num_workers)
@@ -125,6 +126,7 @@ class Supervisor:
         """Plays `round` from `start` (None: the server plans it now); returns what the next round starts from."""
         self.round = round
         metrics, next_start = play_round(self.engine, round, clients_keep_state, self.faults, extensions, start)
+        self.round_clients[:] = metrics.pop(CLIENT_ROWS, [])
         metrics["wall_time_s"] = time.perf_counter() - self.started
         died = [int(worker) for worker, why in metrics.get("failed_workers", {}).items() if why == "died"]
         if died and self._replays():
@@ -354,6 +356,7 @@ class Supervisor:
             raise RunStopped(f"{self._gone()} {moment}; {self._resume_hint()}", "workers_lost") from None
         restart = checkpoint.rounds_completed if checkpoint is not None else 0
         del self.history[restart:]
+        self.round_clients.clear()
         self.stop = None
         self.callbacks.rewind(self.view, restart)
         self.revived_between_rounds = []
