@@ -21,6 +21,7 @@ from rayfed.callbacks.registry import check_logging
 from rayfed.algorithms.params import AlgorithmParams, RunFacts, common_keys
 from rayfed.fields import MAX_COEFFICIENT, Flag, Names, allowed_values, count, number, read_float
 from rayfed.plugins import load_plugins
+from rayfed.provenance import CPU_ISAS
 from rayfed.registry import ALGORITHMS, COMPRESSORS, DATASETS, MODELS, PARTITIONERS, SELECTORS, Registry, did_you_mean
 from rayfed.data import missing_files
 from rayfed.data.datasets import NORMALIZATIONS
@@ -401,6 +402,11 @@ class EngineConfig(_Section):
     worker's clients and the run goes on, those clients' states back at the last checkpoint; `replay`: the run goes
     back to the last checkpoint (or the start) and plays the rounds since again, so it ends with the bits of an
     uninterrupted run (see What survives what)."""
+    cpu_isa: Optional[Literal[CPU_ISAS]] = None
+    """Caps the CPU kernels of PyTorch, MKL and oneDNN at an x86 instruction set every node has (`default`, `avx2`,
+    `avx512`), in the driver and in every actor, so that processors of different kinds give one kind's bits; unset:
+    each process takes its processor's best. `rayfed run` sets the caps; a Python driver must start with them in its
+    environment (see Reproducibility)."""
 
 
 class SelectionConfig(_Section):
