@@ -34,6 +34,7 @@ from rayfed.errors import ConfigError, RunFinished, RunStopped
 from rayfed.fields import format_number
 from rayfed.metrics import CLIENTS, METRICS, SUMMARY, recorded_rounds, summarize
 from rayfed.models import FlatModel, build_model
+from rayfed.provenance import check_driver_cpu_isa, first_difference, merged
 from rayfed.resources import plan_client_states
 from rayfed.systems.clients import make_client_systems
 
@@ -61,29 +62,32 @@ def run(config: Config, run_dir: str | Path | None = None, progress: bool = True
     computed."""
     started = time.perf_counter()
     config = resolve(config)
+    check_driver_cpu_isa(config.engine.cpu_isa)
     if run_dir is not None:
         run_dir = _check_out(Path(run_dir))
     return _execute(config, run_dir, progress, started, _callbacks(config, callbacks))
 
 
 def resume(run_dir: str | Path, progress: bool = True, callbacks: list[Callback] = (),
-           overrides: list[str] = ()) -> Result:
+           overrides: list[str] = (), accept_environment: bool = False) -> Result:
     """Continues the run in `run_dir` from its last checkpoint, with its own config.yaml; the final
     model is bitwise the one an uninterrupted run would have produced. `overrides` (`key=value`) may
     change what does not decide the bits: `train.rounds` (to extend a run, finished or not) and the
     `logging.*` keys (callbacks, TensorBoard, MLflow); config.yaml is rewritten with them. The run
     directory is checked first: a checkpoint that does not belong to it, files changed since it was
     written, or an override of another key are a ConfigError and change nothing; a run whose
-    metrics.jsonl already holds all its rounds, or its target, is RunFinished."""
+    metrics.jsonl already holds all its rounds, or its target, is RunFinished. A checkpoint written
+    where something that decides the bits differs (rayfed.provenance: the torch build, the CPU
+    kernels, the GPU model, ...) is a ConfigError too, unless `accept_environment`: then a line on
+    stderr says so and the run goes on."""
     started = time.perf_counter()
     run_dir = Path(run_dir)
-    if not str(run_dir).strip() or not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"{str(run_dir)!r} is not a run directory (no config.yaml)")
     for override in overrides:
         _check_resume_override(override)
-    config = load_config(run_dir / "config.yaml", overrides)
+    config = run_config(run_dir, overrides)
     _check_not_ended(run_dir, config, extending=any(override.partition("=")[0].strip() == "train.rounds"
                                                     for override in overrides))
+    check_driver_cpu_isa(config.engine.cpu_isa)
     checkpoint = read_checkpoint(run_dir)
     check_belongs_to(run_dir, checkpoint, config)
     if checkpoint.rounds_completed >= config.train.rounds:
@@ -93,7 +97,15 @@ def resume(run_dir: str | Path, progress: bool = True, callbacks: list[Callback]
     if overrides:
         _replace_file(run_dir / "config.yaml", config.to_yaml())
     return _execute(config, run_dir, progress, started, _callbacks(config, callbacks), checkpoint=checkpoint,
-                    lines=lines)
+                    lines=lines, accept_environment=accept_environment)
+
+
+def run_config(run_dir: str | Path, overrides: list[str] = ()) -> Config:
+    """The config of the run in `run_dir`, as its config.yaml holds it, with a resume's `overrides`."""
+    run_dir = Path(run_dir)
+    if not str(run_dir).strip() or not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"{str(run_dir)!r} is not a run directory (no config.yaml)")
+    return load_config(run_dir / "config.yaml", overrides)
 
 
 def _check_resume_override(override: str) -> None:
@@ -140,7 +152,7 @@ def load_data(config: Config) -> tuple[Dataset | LazyDataset, Partition | Client
 
 
 def _execute(config: Config, run_dir: Path | None, progress: bool, started: float, users: list[Callback],
-             checkpoint: Checkpoint | None = None, lines: list[bytes] = ()) -> Result:
+             checkpoint: Checkpoint | None = None, lines: list[bytes] = (), accept_environment: bool = False) -> Result:
     if run_dir is None:
         run_dir = _fresh_run_dir(config)
     # Before any work: the trackers answer, where the client states go, and room for them.
@@ -164,7 +176,11 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
     created, new_files = None, False
     supervisor = None
     finished = False
+    environment = None
     try:
+        environment = _environment(engine)
+        if checkpoint is not None:
+            _check_environment(run_dir, checkpoint, environment, accept_environment)
         if checkpoint is None:
             run_dir, created = _create_run_dir(run_dir)
             new_files = True
@@ -176,19 +192,20 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
                 write_sizes_csv(run_dir / "partition.csv", partition.sizes)
         metrics_file, callbacks = run_callbacks(config, run_dir, progress, users)
         supervisor = Supervisor(engine, config, run_dir, ModelShape(dataset.input_shape, dataset.num_classes),
-                                metrics_file, callbacks, declared, resumed_from=None if checkpoint is None else len(lines))
+                                metrics_file, callbacks, declared, environment,
+                                resumed_from=None if checkpoint is None else len(lines))
         if checkpoint is not None:
             _resume_supervisor(supervisor, checkpoint, lines)
         startup_s = time.perf_counter() - started
         final = supervisor.run()
         finished = True
     except BaseException as error:
-        summary = _account_for_stop(error, supervisor, new_files, run_dir, created, config, started)
+        summary = _account_for_stop(error, supervisor, new_files, run_dir, created, config, started, environment)
         if supervisor is not None:
             supervisor.callbacks.run_end_after_failure(supervisor.view, summary)
         raise
     else:
-        summary = _summary(config, supervisor, final, started, startup_s, data_time_s)
+        summary = _summary(config, supervisor, final, started, startup_s, data_time_s, environment)
         # A callback failing here fails the command, but the run ended: its summary stays as written.
         supervisor.callbacks.run_end(supervisor.view, summary)
     finally:
@@ -200,7 +217,7 @@ def _execute(config: Config, run_dir: Path | None, progress: bool, started: floa
 
 
 def _summary(config: Config, supervisor: Supervisor, final: dict, started: float, startup_s: float,
-             data_time_s: float) -> dict:
+             data_time_s: float, environment: dict[str, str]) -> dict:
     """summary.json of a run that ended normally: all its rounds played, or a callback stopped it."""
     history = supervisor.history
     ending = {"status": "finished"}
@@ -223,6 +240,7 @@ def _summary(config: Config, supervisor: Supervisor, final: dict, started: float
         "client_state_bytes": final["client_state_bytes"],
         "server_restarts": final["server_restarts"],
         "vectorized": config.engine.vectorize,
+        "environment": environment,
     }
     # What the components report apart from the rounds (CACS's warm-up and what it cost).
     summary.update(final["summary_extras"])
@@ -242,7 +260,8 @@ def _resume_supervisor(supervisor: Supervisor, checkpoint: Checkpoint, lines: li
 
 
 def _account_for_stop(error: BaseException, supervisor: Supervisor | None, new_files: bool, run_dir: Path | None,
-                      created: Path | None, config: Config, started: float) -> dict | None:
+                      created: Path | None, config: Config, started: float,
+                      environment: dict[str, str] | None) -> dict | None:
     """What a run that stops early leaves: nothing, when it completed no round; otherwise its
     rounds and a summary saying why it stopped (returned, for the callbacks to write). The error
     learns where the run is, for the CLI."""
@@ -254,8 +273,33 @@ def _account_for_stop(error: BaseException, supervisor: Supervisor | None, new_f
     elif run_dir is not None and history:
         status = error.status if isinstance(error, RunStopped) else "interrupted"
         return {**summarize(history), "status": status, "stopped_because": str(error) or type(error).__name__,
-                **_identity(config, started)}
+                **_identity(config, started), "environment": environment}
     return None
+
+
+def _environment(engine) -> dict[str, str]:
+    """What decides the bits of the processes that compute the run (rayfed.provenance), each asked once."""
+    try:
+        return merged(engine.get(engine.server.environment()),
+                      engine.get([worker.environment() for worker in engine.workers]))
+    except (WorkerLost, ServerLost) as lost:
+        raise RunStopped(f"an actor died while the run was starting ({type(lost).__name__}); nothing in the run "
+                         f"directory was changed; run the command again", "start_failed") from None
+
+
+def _check_environment(run_dir: Path, checkpoint: Checkpoint, environment: dict[str, str], accept: bool) -> None:
+    """A resume where something that decides the bits differs from the checkpoint's record: a ConfigError of one
+    line, or with `accept` a line on stderr. Checkpoints written before the record was kept have none to compare."""
+    difference = None if checkpoint.environment is None else first_difference(checkpoint.environment, environment)
+    if difference is None:
+        return
+    name, then, now = difference
+    change = f"{run_dir / CHECKPOINT} was written with {name} {then!r}, and this run has {now!r}"
+    if not accept:
+        raise ConfigError(f"{change}: the rounds left may not have an uninterrupted run's bits; to go on anyway: "
+                          f"rayfed run --resume {run_dir} --accept-environment (rayfed.resume(..., "
+                          f"accept_environment=True))")
+    print(f"rayfed: {change}; going on, as accepted", file=sys.stderr)
 
 
 def _identity(config: Config, started: float) -> dict:

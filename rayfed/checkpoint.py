@@ -6,9 +6,10 @@ buffers, virtual clock, FedBuff's clients in flight) and every client's persiste
 
 checkpoint.pt is a line naming the format, a line of JSON (the header: rounds completed, the
 algorithm and model, the SHA-256 of the resolved config and of metrics.jsonl's lines up to that
-round, what the body holds (`contents`: the SHA-256 of each part of the server's snapshot, the
-number of client states and a SHA-256 over every client's id and the SHA-256 of its state), and a
-SHA-256 over header and body), then the body. torch reads the body with weights_only=True:
+round, the environment that decided its bits (rayfed.provenance; a resume compares it), what the
+body holds (`contents`: the SHA-256 of each part of the server's snapshot, the number of client
+states and a SHA-256 over every client's id and the SHA-256 of its state), and a SHA-256 over
+header and body), then the body. torch reads the body with weights_only=True:
 tensors, plain containers and the state classes listed below are built, and no code from the file
 ever runs. The body's `client_digests` are the SHA-256 of each client state it holds; a spilled
 shard's manifest has its rows'. So a tool that rewrote the body and recomputed the header's digest,
@@ -55,6 +56,8 @@ MAGIC = b"rayfed checkpoint, format 2\n"
 ENGINE_CLASSES = [AsyncBuffer, InFlight, ClientResult, Upload]
 HEADER_FIELDS = {"rounds_completed": int, "algorithm": str, "model": str, "config_sha256": str,
                  "metrics_sha256": str, "contents": dict}
+# What decided the bits of the rounds it holds (rayfed.provenance); checkpoints written before it was recorded lack it.
+OPTIONAL_HEADER_FIELDS = {"environment": dict}
 
 
 @dataclass
@@ -74,6 +77,7 @@ class Checkpoint:
     # checkpoints record them afresh.
     contents: dict = field(default_factory=dict)
     client_digests: dict = field(default_factory=dict)
+    environment: dict[str, str] | None = None     # rayfed.provenance's record of the processes that wrote it
 
 
 SHARD_FIELDS = {"worker": int, "workers": int, "file": str, "sha256": str, "rows": int, "layout": (dict, type(None)),
@@ -118,6 +122,8 @@ def write_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> None:
         payload["state_shards"] = checkpoint.state_shards
     torch.save(payload, body)
     header = {name: getattr(checkpoint, name) for name in HEADER_FIELDS if name != "contents"}
+    if checkpoint.environment is not None:
+        header["environment"] = checkpoint.environment
     header["contents"] = {
         "server_sha256": {part: content_sha256(value).hex() for part, value in checkpoint.server.items()},
         "client_states": len(checkpoint.client_states) + sum(shard["rows"] for shard in checkpoint.state_shards),
@@ -263,8 +269,10 @@ def _parse_header(path: Path, line: bytes) -> dict:
     except (ValueError, RecursionError):       # not JSON, not UTF-8, or nested past the parser's depth
         header = None
     fields = {**HEADER_FIELDS, "sha256": str}
-    if not isinstance(header, dict) or set(header) != set(fields) \
-            or not all(type(header[name]) is kind for name, kind in fields.items()):
+    if not isinstance(header, dict) or not set(fields) <= set(header) <= {*fields, *OPTIONAL_HEADER_FIELDS} \
+            or not all(type(header[name]) is kind for name, kind in {**fields, **OPTIONAL_HEADER_FIELDS}.items()
+                       if name in header) \
+            or not all(type(value) is str for value in header.get("environment", {}).values()):
         raise ConfigError(f"{path} is damaged: its header is unreadable")
     if json.dumps(header).encode() != line:
         # The digest covers the header's fields; this covers the bytes that spell them.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import signal
 import sys
 
@@ -12,10 +13,12 @@ from rayfed.report.options import add_report_arguments
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`argv`: the arguments after `rayfed`; None: the command line's, whose command may start itself
+    again with engine.cpu_isa's caps in its environment."""
     args = _parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        return _command(args)
+        return _command(args, may_restart=argv is None)
     except ConfigError as error:
         print(f"rayfed: error: {error}", file=sys.stderr)
         return 2
@@ -46,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     run_parser.add_argument("--resume", metavar="RUN_DIR",
                             help="continue RUN_DIR from its last checkpoint, with its own config; overrides may "
                                  "change train.rounds and logging.* alone")
+    run_parser.add_argument("--accept-environment", action="store_true",
+                            help="with --resume: go on where what decides the bits (torch build, CPU kernels, GPU "
+                                 "model, ...) differs from the checkpoint's record")
     algorithms_parser = commands.add_parser("algorithms", help="list the registered algorithms, or one's parameters")
     algorithms_parser.add_argument("name", nargs="?", metavar="NAME", help="an algorithm: its parameters and capabilities")
     algorithms_parser.add_argument("items", nargs="*", metavar="plugins=[...]",
@@ -74,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _command(args) -> int:
+def _command(args, may_restart: bool) -> int:
     if args.command == "bench":
         return _bench(args)
     if args.command == "algorithms":
@@ -91,12 +97,32 @@ def _command(args) -> int:
                               "logging.*): its config.yaml holds the config")
         if not args.resume.strip():
             raise ConfigError("--resume needs the run directory to continue, e.g. --resume runs/NAME")
-        return _report(_resume(args.resume, args.items, not args.quiet))
+        if may_restart:
+            from rayfed.api import run_config
+            _with_cpu_caps(run_config(args.resume).engine.cpu_isa)
+        return _report(_resume(args.resume, args.items, not args.quiet, args.accept_environment))
+    if args.command == "run" and args.accept_environment:
+        raise ConfigError("--accept-environment goes with --resume RUN_DIR")
     config = _load(args.items)
     if args.command == "config":
         print(config.to_yaml(), end="")
         return 0
+    if may_restart:
+        _with_cpu_caps(config.engine.cpu_isa)
     return _run(config, args.out, not args.quiet)
+
+
+def _with_cpu_caps(cpu_isa: str | None) -> None:
+    """engine.cpu_isa: PyTorch, MKL and oneDNN read their caps at their first computation in a process,
+    and reading the config computed already; so the command starts again, in this process, with the caps
+    in its environment (once: then they are there)."""
+    from rayfed.provenance import CAPS, check_processor
+    if cpu_isa is None or all(os.environ.get(name) == value for name, value in CAPS[cpu_isa].items()):
+        return
+    check_processor(cpu_isa, "this machine")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "rayfed", *sys.argv[1:]], {**os.environ, **CAPS[cpu_isa]})
 
 
 def _terminate(signum, frame) -> None:
@@ -143,9 +169,9 @@ def _run(config, out: str | None, progress: bool) -> int:
     return _report(run(config, run_dir=out, progress=progress))
 
 
-def _resume(run_dir: str, overrides: list[str], progress: bool):
+def _resume(run_dir: str, overrides: list[str], progress: bool, accept_environment: bool):
     from rayfed.api import resume
-    return resume(run_dir, progress=progress, overrides=overrides)
+    return resume(run_dir, progress=progress, overrides=overrides, accept_environment=accept_environment)
 
 
 def _report(result) -> int:

@@ -41,6 +41,8 @@ INTERVAL_UNITS = ("epochs", "steps")
 AVAILABILITIES = ("always", "bernoulli", "markov", "trace")
 NORMALIZATIONS = ("channel", "half")
 UCS_VARIANTS = ("paper", "reference_code")
+# engine.cpu_isa: the x86 instruction sets ATen accepts as ATEN_CPU_CAPABILITY (rayfed.provenance applies them).
+CPU_ISAS = ("default", "avx2", "avx512")
 # The adaptive interval's defaults: FedLALR's (k_init, k_alpha) = (4, 2) setting (arXiv:2309.09719, Sec. V-D).
 INTERVAL_DEFAULTS = {"interval_k_init": 4, "interval_k_alpha": 2.0, "interval_rounding": "floor",
                      "interval_unit": "epochs"}
@@ -407,6 +409,11 @@ class EngineConfig(_Section):
     worker's clients and the run goes on, those clients' states back at the last checkpoint; `replay`: the run goes
     back to the last checkpoint (or the start) and plays the rounds since again, so it ends with the bits of an
     uninterrupted run (see What survives what)."""
+    cpu_isa: Optional[Literal[CPU_ISAS]] = None
+    """Caps the CPU kernels of PyTorch, MKL and oneDNN at an x86 instruction set every node has (`default`, `avx2`,
+    `avx512`), in the driver and in every actor, so that processors of different kinds give one kind's bits; unset:
+    each process takes its processor's best. `rayfed run` sets the caps; a Python driver must start with them in its
+    environment (see Reproducibility)."""
 
 
 class SelectionConfig(_Section):

@@ -58,6 +58,8 @@ def test_the_grid_expands_in_file_order_and_every_point_is_resolved(in_tmp):
     ("grid: {train.round: [1]}\n", "unknown key 'train.round'"),
     ("grid: {algorithm.name: [fedavg, fedavgm], algorithm.beta1: [0.5]}\n",
      "grid point (algorithm.name=fedavg, algorithm.beta1=0.5): algorithm.beta1 is not a parameter of fedavg"),
+    ("grid: {engine.cpu_isa: [null, default]}\n",
+     "engine.cpu_isa is default, unset among the sweep's trials, whose processes share one Ray job's environment"),
 ])
 def test_a_bad_sweep_file_or_point_is_one_line_and_nothing_starts(in_tmp, capsys, text, expected):
     (in_tmp / "bad.yaml").write_text(text)

@@ -7,12 +7,13 @@ server directly.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from rayfed.engine.extensions import Extension, Turn
-from rayfed.engine.lost import WorkerLost
+from rayfed.engine.lost import ServerLost, WorkerLost
 from rayfed.engine.worker import assign_to_workers
 from rayfed.faults import SERVER, Fault, FaultSchedule
 from rayfed.systems.policy import RoundPlan
@@ -103,7 +104,13 @@ def _step(engine: Engine, round: int, plan: RoundPlan, per_worker: dict[int, lis
     the next round's plan or None), the next round's broadcast)."""
     lost = [client for worker in failed for client in per_worker[worker]]
     stepped, next_down = engine.server.step_and_plan_next(round, plan, *delivered.values(), lost=lost)
-    return engine.get(stepped), next_down
+    try:
+        return engine.get(stepped), next_down
+    except (WorkerLost, ServerLost):
+        # The step never ran and its broadcast holds the same error, which Ray prints as unhandled unless it is read.
+        with contextlib.suppress(WorkerLost, ServerLost):
+            engine.get(next_down)
+        raise
 
 
 def enact_due(engine: Engine, faults: FaultSchedule, target: int, round: int, moment: str) -> None:

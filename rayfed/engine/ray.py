@@ -11,6 +11,7 @@ they start, so that a later run in this process may build them again (rayfed.eng
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import logging
@@ -47,6 +48,7 @@ from rayfed.engine.worker import ClientWorker
 from rayfed.errors import ConfigError, first_line
 from rayfed.faults import SERVER, Fault, enact
 from rayfed.plugins import install_plugins, shippable_plugins
+from rayfed.provenance import CAPS, check_actor_cpu_isa
 from rayfed.registry import Entry
 from rayfed.systems.clients import ClientSystems
 
@@ -128,6 +130,7 @@ class RayClientWorker(MemoryProbe):
     def attach(self, arguments: WorkerArguments, data_refs: list, fault: Fault | None = None) -> None:
         """`data_refs` = [train data, partition]: references inside a list, so Ray passes them unresolved.
         `fault` is enacted once attached: a worker that dies while it is being restarted."""
+        check_actor_cpu_isa(arguments.config.engine.cpu_isa, f"worker {arguments.worker_index}")
         install_plugins(arguments.plugins)
         train_data, partition = ray.get(data_refs)
         # An earlier run's worker goes before this one is built: the two never hold their states at once.
@@ -173,10 +176,11 @@ class RayServer(MemoryProbe):
     def __init__(self):
         self.server: Server | None = None
 
-    def build(self, plugins: list[Entry], *arguments) -> None:
+    def build(self, plugins: list[Entry], config: Config, *arguments) -> None:
+        check_actor_cpu_isa(config.engine.cpu_isa, "the server")
         install_plugins(plugins)
         self.server = None
-        self.server = Server(*arguments)
+        self.server = Server(config, *arguments)
 
     def call(self, method: str, *args, **kwargs):
         return getattr(self.server, method)(*args, **kwargs)
@@ -286,7 +290,7 @@ class RayEngine:
         # placement group ends with it).
         self.reuse = engine.reuse_actors and not self.started_ray and not _in_placement_group()
         self.worker_key = ("worker", engine.worker_cpus, engine.worker_gpus, engine.worker_max_restarts,
-                           engine.placement)
+                           engine.placement, engine.cpu_isa)
         reused_workers = _take_sound(self.worker_key, engine.num_workers) if self.reuse else []
         if engine.server == "driver":
             clients_train = clients_train_data(config, dataset, partition)
@@ -300,9 +304,9 @@ class RayEngine:
             placement = _server_placement(reserved_gpus)
             # The GPU share it computes with is in the key: a server that ran on a GPU set its process's CUDA state.
             self.server_key = ("server", reserved_gpus, server_share(engine),
-                               getattr(placement.get("scheduling_strategy"), "node_id", None))
+                               getattr(placement.get("scheduling_strategy"), "node_id", None), engine.cpu_isa)
             server_actor = ray.remote(RayServer).options(num_cpus=0, num_gpus=reserved_gpus, max_restarts=0,
-                                                         **placement)
+                                                         **placement, **_capped(engine.cpu_isa))
             # References, not values: Ray would store a copy of the values for each server it builds,
             # and the driver would keep its own for the engine's lifetime.
             server_arguments = (plugins, config, test_ref, dataset.input_shape, dataset.num_classes, client_systems,
@@ -323,7 +327,8 @@ class RayEngine:
                                                                     self.relay_name))
         worker_actor = ray.remote(RayClientWorker).options(num_cpus=engine.worker_cpus, num_gpus=engine.worker_gpus,
                                                            max_restarts=engine.worker_max_restarts,
-                                                           **_worker_placement(engine.placement))
+                                                           **_worker_placement(engine.placement),
+                                                           **_capped(engine.cpu_isa))
         self.round_timeout_s = engine.round_timeout_s
         self.restarts_seen = [0] * engine.num_workers
         self.max_restarts = engine.worker_max_restarts
@@ -336,9 +341,9 @@ class RayEngine:
         self.server = self.new_server()
         # Actors start asynchronously; waiting here puts their start-up (and any error in building them)
         # before the first round rather than inside it.
-        ray.get([*self._server_built(),
-                 *(handle.actor.attach.remote(arguments, [train_ref, partition_ref])
-                   for handle, arguments in zip(self.workers, self.worker_arguments))])
+        self.get([*self._server_built(),
+                  *(handle.actor.attach.remote(arguments, [train_ref, partition_ref])
+                    for handle, arguments in zip(self.workers, self.worker_arguments))])
         if engine.worker_gpus and not is_lazy(dataset):
             self._share_training_arrays()
 
@@ -403,6 +408,9 @@ class RayEngine:
                 ray.get(status)
             except (*ACTOR_LOST, WorkerRestarted):
                 failed[worker] = "died"
+                # Its result holds the same error, which Ray prints as unhandled unless it is read.
+                with contextlib.suppress(*ACTOR_LOST, WorkerRestarted):
+                    ray.get(calls[worker][1])
                 continue
             except ray.exceptions.RayTaskError as error:
                 raise _one_line(error) from None
@@ -533,6 +541,12 @@ def _server_placement(server_gpus: float) -> dict:
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node, soft=False)}
 
 
+def _capped(cpu_isa: str | None) -> dict:
+    """engine.cpu_isa's caps in an actor's environment from its process's start: PyTorch, MKL and oneDNN read
+    them at their first computation there. A worker Ray restarts, on any node, starts with them too."""
+    return {} if cpu_isa is None else {"runtime_env": {"env_vars": CAPS[cpu_isa]}}
+
+
 def _worker_placement(placement: str) -> dict:
     if placement == "default" or _in_placement_group():
         return {}
@@ -580,14 +594,17 @@ def _actor_entry(actor) -> dict:
 PRIVATE_RAY_CONFIG = {"preload_python_modules": ["rayfed.engine.ray"], "max_direct_call_object_size": 2**20}
 
 
-def connect_ray(address: str | None, cpus_needed: float, timeout_s: float, whole_machine: bool = False) -> bool:
+def connect_ray(address: str | None, cpus_needed: float, timeout_s: float, whole_machine: bool = False,
+                env_vars: dict[str, str] | None = None) -> bool:
     """Joins the cluster at `address` (or RAY_ADDRESS, as under `ray job submit`), reuses a Ray
     already initialised in this process, or starts a private local instance. Returns whether
     this call started Ray (and so must stop it). A private instance has `cpus_needed` CPUs, or with
-    `whole_machine` (a sweep's trials, side by side) at least the machine's."""
+    `whole_machine` (a sweep's trials, side by side) at least the machine's. `env_vars`: in the
+    environment of every process of the job that this call starts (not of a Ray it reuses)."""
     if ray.is_initialized():
         return False
-    quiet = dict(logging_level=logging.ERROR, log_to_driver=False)
+    quiet = dict(logging_level=logging.ERROR, log_to_driver=False,
+                 **({"runtime_env": {"env_vars": env_vars}} if env_vars else {}))
     key = "engine.address" if address else "RAY_ADDRESS"
     address = address or os.environ.get("RAY_ADDRESS")
     # ray.init replaces the SIGTERM handler; rayfed's own stops a run cleanly.

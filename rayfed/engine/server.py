@@ -32,6 +32,7 @@ from rayfed.engine.state_store import tensors_to
 from rayfed.engine.worker import device_for, threads_per_process
 from rayfed.metrics import CLIENT_ROWS, client_fields, client_row
 from rayfed.models import FlatModel, build_model
+from rayfed.provenance import environment
 from rayfed.seeding import Purpose, derive_seed
 from rayfed.selection.sampler import ClientSampler
 from rayfed.stored_arrays import shared_tensor
@@ -297,6 +298,10 @@ class Server:
 
     def state_bytes(self) -> int:
         return self.aggregation.state_bytes()
+
+    def environment(self) -> dict[str, str]:
+        """What decides this process's bits besides the config (rayfed.provenance)."""
+        return environment()
 
 
 def _bytes(tensors: dict[str, Tensor] | None) -> int:

@@ -54,10 +54,13 @@ class Replay(Exception):
 
 class Supervisor:
     def __init__(self, engine: Engine, config: Config, run_dir: Path, shape: ModelShape, metrics_file: MetricsFile,
-                 callbacks: list[Callback], declared: Declared, resumed_from: int | None = None):
+                 callbacks: list[Callback], declared: Declared, environment: dict[str, str],
+                 resumed_from: int | None = None):
         """`declared`: what the run's components declare about their states, which a checkpoint
-        recovered from must hold."""
+        recovered from must hold; `environment`: what decides the bits of the run's processes
+        (rayfed.provenance), which every checkpoint records."""
         self.engine = engine
+        self.environment = environment
         self.config = config
         self.run_dir = run_dir
         self.history: list[dict] = []   # every round's metrics so far, resumed ones included
@@ -202,7 +205,8 @@ class Supervisor:
         self.metrics_file.sync()
         write_checkpoint(self.run_dir, Checkpoint(len(self.history), self.config.algorithm.name,
                                                   self.config.model.name, config_sha256(self.run_dir),
-                                                  self.metrics_file.sha256(), server, client_states, shards))
+                                                  self.metrics_file.sha256(), server, client_states, shards,
+                                                  environment=self.environment))
         self.callbacks.checkpoint(self.view, len(self.history))
 
     def _last_checkpoint(self) -> Checkpoint | None:

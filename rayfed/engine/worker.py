@@ -27,6 +27,7 @@ from rayfed.engine.vectorized import FULL_GRADIENT_CHUNK, BatchedModule, ClientB
 from rayfed.errors import ConfigError, first_line
 from rayfed.models import FlatModel, build_model
 from rayfed.models.forward import ModelForward
+from rayfed.provenance import environment
 from rayfed.seeding import Purpose, derive_seed, seed_global_torch, torch_generator
 
 
@@ -335,6 +336,10 @@ class ClientWorker:
 
     def gpu_identity(self) -> str | None:
         return gpu_identity(self.device)
+
+    def environment(self) -> dict[str, str]:
+        """What decides this process's bits besides the config (rayfed.provenance)."""
+        return environment()
 
     def export_training_arrays(self) -> list[tuple]:
         """CUDA IPC handles of this worker's copy of the training arrays for one other worker."""

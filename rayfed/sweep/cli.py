@@ -29,6 +29,10 @@ def sweep_command(items: list[str], out: str | None, metric: str | None, group_k
     check_path("--out", str(sweep_dir))
     with tempfile.TemporaryDirectory() as scratch:
         sweep = read_sweep(paths[0], overrides, Path(scratch) / "base.yaml")
+    isas = sorted({trial.config.engine.cpu_isa or "unset" for trial in sweep.trials})
+    if len(isas) > 1:
+        raise ConfigError(f"engine.cpu_isa is {', '.join(isas)} among the sweep's trials, whose processes share one "
+                          f"Ray job's environment: give them one")
     try:
         from rayfed.sweep.runner import run_sweep
     except ImportError as error:

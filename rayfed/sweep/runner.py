@@ -26,6 +26,7 @@ from rayfed.preflight import load_config
 from rayfed.engine.ray import connect_ray
 from rayfed.engine.server import server_reserved_gpus
 from rayfed.errors import first_line
+from rayfed.provenance import CAPS
 from rayfed.metrics import read_summary, run_status
 from rayfed.sweep.spec import Sweep, Trial
 
@@ -141,7 +142,10 @@ def _run_trials(sweep: Sweep, pending: list[Trial], sweep_dir: Path, progress: b
     engine = pending[0].config.engine
     # Tune's newer console output prints its own tables whatever `verbose` says; ours is the progress bar.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    started_ray = connect_ray(engine.address, largest, engine.connect_timeout_s, whole_machine=True)
+    # engine.cpu_isa (one for all trials, rayfed.sweep.cli): each trial's process computes as a run's driver does, and
+    # so needs the caps from its start.
+    started_ray = connect_ray(engine.address, largest, engine.connect_timeout_s, whole_machine=True,
+                              env_vars=CAPS.get(engine.cpu_isa))
     # Actors an earlier run in this process kept (engine.reuse_actors) would hold CPUs the trials wait for.
     rayfed.release_actors()
     try:
