@@ -26,7 +26,9 @@ class Stop:
     exits with 0."""
 
     reason: str
+    """Why, in words: summary.json's `stopped_because`."""
     status: str = "stopped"
+    """summary.json's `status`."""
 
 
 class Callback:
