@@ -46,11 +46,18 @@ RUN_FILES = ("config.yaml", "partition.csv", METRICS, METRICS + ".tmp", CLIENTS,
 
 @dataclasses.dataclass
 class Result:
-    history: list[dict]     # one dict per round, as in metrics.jsonl
-    summary: dict           # as in summary.json
+    """What `rayfed.run` and `rayfed.resume` return: what the run directory holds, and the final model."""
+
+    history: list[dict]
+    """One dict per round, as in metrics.jsonl."""
+    summary: dict
+    """As in summary.json."""
     run_dir: Path
-    params: Tensor          # the final global model, flat
-    buffers: Tensor         # its BatchNorm buffers, flat
+    """The run directory."""
+    params: Tensor
+    """The final global model, one flat float32 vector."""
+    buffers: Tensor
+    """Its running statistics (BatchNorm), flat."""
 
 
 def run(config: Config, run_dir: str | Path | None = None, progress: bool = True,

@@ -1,6 +1,7 @@
 """MkDocs hook: the reference pages, generated from the code at build time so that they cannot go
-stale: every config key from the pydantic schema, one page per registered algorithm, the models
-with their parameter counts, the datasets with their sources, and the CLI from its parsers.
+stale: every config key from the pydantic schema, one page per registered algorithm, the algorithms'
+capabilities with their defaults, the models with their parameter counts, the datasets with their
+sources, and the CLI from its parsers.
 
 A hand-written page at a generated page's path (docs/algorithms/NAME.md, docs/algorithms/index.md,
 docs/datasets/index.md) is kept as the page's opening: the generated part follows it."""
@@ -19,6 +20,7 @@ import yaml
 from mkdocs.structure.files import File
 
 import rayfed
+from rayfed.algorithms.base import CAPABILITIES, Algorithm
 from rayfed.algorithms.describe import capabilities, parameter_rows
 from rayfed.cli import _parser
 from rayfed.config import Config, DataConfig, ModelConfig
@@ -68,7 +70,7 @@ def _expand(nav: list, index: str, pages: list) -> bool:
 
 def on_files(files, config):
     generated = {"reference/config.md": config_page(), "reference/cli.md": cli_page(),
-                 "models/index.md": models_page(),
+                 "reference/capabilities.md": capabilities_page(), "models/index.md": models_page(),
                  "datasets/index.md": _opening(files, "datasets/index.md") + datasets_section(),
                  "algorithms/index.md": _opening(files, "algorithms/index.md") + algorithms_section()}
     for name in ALGORITHMS.names():
@@ -204,8 +206,10 @@ def _parameter_table(rows, prefix: str) -> list[str]:
 # The algorithm pages.
 
 def algorithms_section() -> str:
-    lines = ["## Every registered algorithm", "", "| name | what it is | upload / download (floats per client) |",
-             "|---|---|---|"]
+    lines = ["## Every registered algorithm", "",
+             "Each page lists the algorithm's parameters and the capabilities it declares "
+             "([what each allows](../reference/capabilities.md)).", "",
+             "| name | what it is | upload / download (floats per client) |", "|---|---|---|"]
     for name in sorted(ALGORITHMS.names()):
         traffic = dict(capabilities(name))["upload"].replace(" per client; download:", " /").replace(
             " per client", "")
@@ -224,12 +228,48 @@ def algorithm_page(name: str, opening: str) -> str:
               "The keys of the `algorithm:` section this algorithm takes (`algorithm.KEY=VALUE`):", "",
               *_parameter_table(parameter_rows(name), "")]
     lines += ["", "## Traffic, state and capabilities", "",
-              "With the default parameters; d is the model's parameter count, N the number of clients.", ""]
+              "With the default parameters; d is the model's parameter count, N the number of clients. What each "
+              "capability allows: [Algorithm capabilities](../reference/capabilities.md).", ""]
     lines += [f"- **{label}**: {value}" for label, value in capabilities(name)]
     for state in cls.state_classes:
         lines += ["", f"### `{state.__name__}`", "", "```python", inspect.getsource(state).rstrip(), "```"]
     source = Path(inspect.getsourcefile(cls)).relative_to(Path(rayfed.__file__).parents[1])
     lines += ["", f"Defined by `{cls.__name__}` in `{source.as_posix()}`."]
+    return "\n".join(lines) + "\n"
+
+
+def capabilities_page() -> str:
+    lines = ["# Algorithm capabilities", "",
+             "What a `rayfed.Algorithm` subclass declares besides its maths, as class attributes, read from "
+             "`rayfed/algorithms/base.py` (the defaults from the class, the meanings from its `CAPABILITIES`). "
+             "A default allows nothing the algorithm does not declare: one that declares none takes no "
+             "`algorithm.lr_global` or `algorithm.agg_weighting`, and runs synchronous rounds only, uncompressed, "
+             "neither vectorized nor from partial sums. A setting that needs an undeclared capability is refused "
+             "before the run starts, in one line (`engine.vectorize` instead says why and trains the clients one "
+             "after another). Each [algorithm's page](../algorithms/index.md) lists what it "
+             "declares.", "",
+             "| capability | default | what declaring it allows |", "|---|---|---|"]
+    lines += [f"| `{name}` | `{getattr(Algorithm, name)!r}` | {one_line(meaning)} |"
+              for name, meaning in CAPABILITIES.items()]
+    lines += ["", "`keeps_client_state`, `vectorizable` and `sends_model` are read from the algorithm as built with "
+              "the run's parameters, so its `__init__` may set them from those (GradMA-S trains stateless clients, "
+              "FedGATE's `client_replicas` keeps the model at the clients); the others are read from the class.", "",
+              "## Declaring them", "",
+              "- **No server learning rate, or weights of its own**: leave `server_lr` or `weighted` False. The "
+              "algorithm's section then has no `lr_global` or `agg_weighting` to set, and its page and "
+              "`rayfed algorithms NAME` leave the key out.",
+              "- **Partial sums** (`engine.partial_sums`): set `linear_uploads = True`, and in `server_step` read "
+              "the uploads only as `rayfed.weighted_average(uploads, NAME, self.agg_weighting, round_info.weights)`. "
+              "With partial sums, `uploads` is the workers' exact sums, which any other read refuses.",
+              "- **Vectorized clients** (`engine.vectorize`): `vectorizable = True` and `keeps_client_state = False`, "
+              "with a `client_train` that is `rayfed.local_sgd` (or `local_descent`) plus tensor operations that "
+              "broadcast over a leading client dimension.",
+              "- **Asynchronous rounds**: `runs_async = True`, and `staleness_weighted = True` where an upload is a "
+              "model change that `train.staleness_weight` may scale.",
+              "- **Compression**: `compressed_upload = \"NAME\"` (the upload that is one model update) and "
+              "`takes_compression = True`.", "",
+              "[Your own algorithm, model and dataset](../tutorials/plugins.md) walks through a plugin that declares "
+              "`server_lr`, `weighted`, `compressed_upload` and `takes_compression`."]
     return "\n".join(lines) + "\n"
 
 
@@ -290,7 +330,7 @@ def datasets_section() -> str:
     data = DataConfig()
     lines = ["## Every registered dataset", "",
              "Read from each dataset's registration (`rayfed.register_dataset`); samples are train + test with "
-             "the default `data.*` keys, files are those it reads under `data.root`.", ""]
+             "the default `data.*` keys; files are what it reads under `data.root` (files, or folders of them).", ""]
     for entry in DATASETS.entries():
         files = entry.required_files("<data.root>") if entry.required_files else []
         module = sys.modules[entry.target.__module__]

@@ -25,11 +25,17 @@ FLOAT32_BYTES = 4
 
 
 class ClientTask(Protocol):
-    """One client's local problem, as handed to `Algorithm.client_train` by a worker."""
+    """One client's local problem, as handed to `Algorithm.client_train` by a worker. Under
+    engine.vectorize it is a stack of clients (a ClientBatchTask): the same methods on (clients, d)
+    parameters, and `num_samples` a list."""
 
     num_samples: int
-    steps: int           # local steps this round (train.local_steps, local_epochs or the adaptive interval)
-    lr_factor: float     # the round's learning-rate decay, gamma^t (train.lr_decay)
+    """The client's training samples n_i: what its Upload reports, and what agg_weighting=num_samples weighs by."""
+    steps: int
+    """Its local steps this round (train.local_steps, local_epochs or the adaptive interval): what
+    local_descent runs."""
+    lr_factor: float
+    """The round's learning-rate decay gamma^t (train.lr_decay): a local rate lr is lr * lr_factor this round."""
 
     def start_from(self, params: Tensor) -> Tensor:
         """Loads `params` into the resident model and returns its flat parameter vector.
@@ -80,8 +86,13 @@ class Upload:
     """What one client sends back: named tensors, its sample count and training metrics."""
 
     tensors: dict[str, Tensor]
+    """The uploaded vectors by name (a model change, control variates, ...): the traffic counted, and
+    what server_step reads (through weighted_average, or one by one)."""
     num_samples: int
+    """The client's training samples n_i (task.num_samples)."""
     metrics: dict[str, float] = field(default_factory=dict)
+    """The client's training metrics: `train_loss`, its mean minibatch loss, which every client reports
+    (metrics.jsonl's train_loss is their mean over the round's counted clients)."""
 
     @property
     def nbytes(self) -> int:
@@ -90,34 +101,43 @@ class Upload:
 
 @dataclass(frozen=True)
 class RoundInfo:
-    round: int                     # 0-based index of the round being completed
-    sampled: tuple[int, ...]       # the round's clients, in sampling order
+    """What `Algorithm.server_step` knows of the round besides the uploads."""
+
+    round: int
+    """The 0-based index of the round being completed."""
+    sampled: tuple[int, ...]
+    """The round's clients, in sampling order."""
     num_clients: int
-    # The selector's aggregation weights of the clients that count (selection.selector other than
-    # uniform); None: the algorithm weights them itself (algorithm.agg_weighting).
+    """N, the run's clients (data.num_clients)."""
     weights: dict[int, float] | None = None
-    # With such a selector, the importance p_i = D_i / sum_j D_j (over all N clients) of each client
-    # that counts: what MIFA weights its clients' latest updates by.
+    """The selector's aggregation weights of the clients that count (selection.selector other than
+    uniform); None: the algorithm weights them itself (algorithm.agg_weighting)."""
     importances: dict[int, float] | None = None
-    # compression.downlink: the round's broadcast compressor (one draw, on the server), vector -> what
-    # the clients decode; None: the reply goes uncompressed.
+    """With such a selector, the importance p_i = D_i / sum_j D_j (over all N clients) of each client
+    that counts: what MIFA weights its clients' latest updates by."""
     downlink: Callable[[Tensor], Tensor] | None = None
+    """compression.downlink: the round's broadcast compressor (one draw, on the server), vector -> what
+    the clients decode; None: the reply goes uncompressed."""
 
 
 @dataclass(frozen=True)
 class AlgorithmContext:
-    """What an algorithm is built with besides its parameters: the model's parameter tensors as
-    (start, end) blocks of the flat vector, and the local work of a round (train.local_steps or
-    local_epochs: I) with the client learning rate's decay (train.lr_decay), which some server
-    steps scale by (FedMoS's eta_t I, FedGATE's eta_t); and the run's initial model x_0 with its
-    running statistics, the same in every process (MOON's previous model of a client that has not
-    trained yet). The memory estimate builds algorithms without a model: no x_0 there."""
+    """What an algorithm is built with besides its parameters. The memory estimate builds
+    algorithms without a model: no x_0 there."""
 
     param_blocks: tuple[tuple[int, int], ...] = ()
+    """The model's parameter tensors as (start, end) blocks of the flat vector."""
     local_steps: int = 1
+    """The local work of a round, I (train.local_steps or local_epochs), which some server steps scale
+    by (FedMoS's eta_t I)."""
     lr_decay: float = 1.0
+    """The client learning rate's decay gamma (train.lr_decay), for server steps that scale by the
+    round's rate (FedMoS's eta_t, FedGATE's)."""
     initial_params: Tensor | None = None
+    """The run's initial model x_0, the same in every process (MOON's previous model of a client that
+    has not trained yet); only for an algorithm that declares keeps_initial_model."""
     initial_buffers: Tensor | None = None
+    """x_0's running statistics (BatchNorm), with initial_params."""
 
     @classmethod
     def of_run(cls, model: FlatModel, train, algorithm: AlgorithmParams) -> "AlgorithmContext":
@@ -129,59 +149,82 @@ class AlgorithmContext:
         return cls(tuple(map(tuple, model.blocks)), steps, train.lr_decay, model.params.clone(), model.buffers.clone())
 
 
+# What declaring each of Algorithm's capabilities (its class attributes below) allows, as data: the
+# documentation's table of capabilities is generated from it, with the defaults read from the class.
+CAPABILITIES: dict[str, str] = {
+    "server_lr": "`algorithm.lr_global` applies: the section takes it and `rayfed algorithms NAME` lists it. Left "
+                 "False, the key is not listed and any value but 1.0 is refused: how an algorithm without a server "
+                 "learning rate drops it.",
+    "weighted": "`algorithm.agg_weighting` applies (uniform or num_samples weights in `weighted_average`). Left "
+                "False, the key is not listed and any value but uniform is refused: how an algorithm that weights "
+                "its clients itself drops it.",
+    "runs_async": "`train.round_policy=async_buffered`, where uploads come from older models.",
+    "staleness_weighted": "`train.staleness_weight` may scale its uploads under async_buffered: only meaningful "
+                          "where an upload is a model change.",
+    "averages_models": "Says its server averages the clients' models, not model changes: such an average needs "
+                       "weights that sum to 1 in every round, so `train.round_policy=async_buffered` and "
+                       "`selection.selector=ucs` with `ucs_variant=paper` are refused.",
+    "takes_compression": "`compression.*` may encode its `compressed_upload` (an algorithm may name the upload "
+                         "its reply reads without taking compression, as FedGATE does); `compression.downlink` "
+                         "also needs `replies`.",
+    "keeps_client_state": "Its clients carry state from round to round (`client_init`, the state `client_train` "
+                          "returns): each trains on the worker that holds it. Set False for stateless clients: "
+                          "they train on any worker and return None as their state.",
+    "vectorizable": "`engine.vectorize`: given a ClientBatchTask, `client_train` trains a stack of clients at "
+                    "once (local_sgd plus broadcasting tensor ops, and no client state).",
+    "compressed_upload": "The name of the upload that a compressor (`compression.*`) may encode on its way to "
+                         "the server: one model update, decoded before `server_step`. None: its uploads are not "
+                         "compressed.",
+    "replies": "The server replies to the round's clients after its step (`server_reply`) and they update their "
+               "state with it (`client_finish`), as FedGATE's tracking needs the round's average; needs "
+               "`keeps_client_state`.",
+    "model_needs": "What its local objective takes from the model beyond the logits (rayfed.models.forward): "
+                   "\"features\" (the representation, MOON's) or \"blocks\" (two or more, FedMLB's); `model.name` "
+                   "is checked against it before a run.",
+    "keeps_initial_model": "It reads the run's x_0 from its AlgorithmContext (`initial_params`, "
+                           "`initial_buffers`): only then does every process keep a copy.",
+    "sends_model": "A deployment sends the broadcast to the round's clients. False: they keep the model "
+                   "themselves (FedGATE's Option I), and `bits_down` leaves the broadcast out; rayfed's engines "
+                   "move it either way.",
+    "transient_client_fields": "Fields of its client state that matter only from a client's training to the "
+                               "server's reply (`client_finish`), such as FedGATE's uncompressed update: a spilled "
+                               "state store keeps them in memory for that while instead of giving every client "
+                               "room for them on disk.",
+    "linear_uploads": "`engine.partial_sums`: declare it when `server_step` reads the uploads only through "
+                      "`weighted_average` (with the config's agg_weighting and no selector weights). The step is "
+                      "then linear in the uploads, and the workers may hand it their exact sums (SummedUploads) "
+                      "instead of each client's.",
+}
+
+
 class Algorithm:
     """Base class. Subclasses hold only hyper-parameters; all state is passed in and returned.
 
     A registered algorithm declares itself here: `Params` (its config keys), `state_classes` (the
-    classes of its server and client states: what a checkpoint may hold) and the capabilities below,
-    from which config validation, the memory check and the traffic figures are derived."""
+    classes of its server and client states: what a checkpoint may hold) and its capabilities: class
+    attributes whose defaults allow nothing the algorithm does not declare (`CAPABILITIES` in
+    rayfed.algorithms.base says what each allows), from which config validation, the memory check
+    and the traffic figures are derived."""
 
     # The algorithm's config keys: the section's common keys and its own.
     Params: type[AlgorithmParams] = AlgorithmParams
     # Every class its server and client states are made of (tensors and plain containers aside).
     state_classes: tuple[type, ...] = ()
-    # Whether algorithm.lr_global and algorithm.agg_weighting apply: without them the section refuses
-    # either key set to anything but its default, and `rayfed algorithms NAME` leaves it out.
+    # The capabilities, described in CAPABILITIES: a subclass declares those it has.
     server_lr = False
     weighted = False
-    # Whether it runs under train.round_policy=async_buffered, where uploads come from older models.
     runs_async = False
-    # Whether train.staleness_weight may scale its uploads: only meaningful where an upload is a model change.
     staleness_weighted = False
-    # Whether its server averages the clients' models (not model changes): such an average needs
-    # weights that sum to 1 in every round.
     averages_models = False
-    # Whether compression.* may encode its `compressed_upload` (an algorithm may name the upload that
-    # its reply logic reads without taking compression, as FedGATE does).
     takes_compression = False
-
-    # Whether clients carry state from round to round (client_init/client_train): such clients
-    # must always train on the worker that holds it; stateless ones can train anywhere.
     keeps_client_state = True
-    # Whether client_train, given a ClientBatchTask, trains a stack of clients at once: true
-    # when it is local_sgd plus broadcasting tensor ops and keeps no client state.
     vectorizable = False
-    # The upload a compressor (compression.*) may encode on its way to the server: one model update,
-    # decoded before server_step. None: this algorithm's uploads are not compressed.
     compressed_upload: str | None = None
-    # Whether the server replies to the round's clients after its step (server_reply), and they
-    # update their state with it (client_finish): FedGATE's tracking needs the round's average.
     replies = False
-    # What its local objective takes from the model beyond the logits (rayfed.models.forward):
-    # "features" (the representation, MOON's) or "blocks" (two or more, FedMLB's); checked before a run.
     model_needs: str | None = None
-    # Whether it reads the run's x_0 from its context: only then does every process keep a copy.
     keeps_initial_model = False
-    # Whether a deployment sends the broadcast to the round's clients (False: they keep the model
-    # themselves, FedGATE's Option I); rayfed's engines move it either way.
     sends_model = True
-    # Fields of its client state that matter only from a client's training to the server's reply
-    # (client_finish), such as FedGATE's uncompressed update: a spilled state store keeps them in
-    # memory for that while instead of giving every client room for them on disk.
     transient_client_fields: tuple[str, ...] = ()
-    # Whether server_step reads the uploads only through weighted_average (with the config's
-    # agg_weighting, and no selector weights): the server step is then linear in the uploads, so
-    # engine.partial_sums may hand it their exact sums (SummedUploads) instead of each client's.
     linear_uploads = False
 
     @classmethod

@@ -30,7 +30,9 @@ class Proximal:
     arXiv:1812.06127, Eq. 2) and FedDyn's (Acar et al., ICLR 2021, Algorithm 1). mu = 0 adds nothing."""
 
     mu: float
+    """The term's weight."""
     center: Tensor
+    """The point w is pulled toward (the broadcast model, for FedProx)."""
 
     def add_gradient(self, grad: Tensor, params: Tensor) -> Tensor:
         return grad.add(params - self.center, alpha=self.mu) if self.mu else grad
@@ -41,6 +43,7 @@ class Linear:
     """-<h, w>, gradient -h: FedDyn's linear term, with h the client's gradient state."""
 
     h: Tensor
+    """The client's gradient state."""
 
     def add_gradient(self, grad: Tensor, params: Tensor) -> Tensor:
         return grad - self.h
@@ -51,7 +54,9 @@ class LocalObjective:
     """output_loss(model, x, y) on each minibatch (None: cross-entropy) plus `terms` on the parameters."""
 
     output_loss: OutputLoss | None = None
+    """The loss of the model's outputs on a minibatch, output_loss(model, x, y); None: cross-entropy."""
     terms: tuple[ParameterTerm, ...] = ()
+    """Terms of the parameters with closed-form gradients (Proximal, Linear), added to its gradient."""
 
     def direction(self, grad: Tensor, params: Tensor, step: int) -> Tensor:
         """The objective's gradient from the output loss's `grad`: a `local_descent` direction."""

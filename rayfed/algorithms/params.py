@@ -19,13 +19,17 @@ AGG_WEIGHTINGS = ("uniform", "num_samples")
 
 @dataclass(frozen=True)
 class RunFacts:
-    """What an algorithm's parameters may be checked against, from the other sections."""
+    """What an algorithm's parameters may be checked against, from the other sections
+    (`AlgorithmParams.check`)."""
 
     num_clients: int
+    """N (data.num_clients)."""
     clients_per_round: int
-    # Every client trains in every round: S = N, always online, synchronous rounds.
+    """S (train.clients_per_round)."""
     everyone_every_round: bool
-    compressor: str             # compression.name
+    """Every client trains in every round: S = N, always online, synchronous rounds."""
+    compressor: str
+    """compression.name."""
 
 
 class AlgorithmParams(BaseModel):

@@ -26,7 +26,9 @@ class Stop:
     exits with 0."""
 
     reason: str
+    """Why, in words: summary.json's `stopped_because`."""
     status: str = "stopped"
+    """summary.json's `status`."""
 
     def __post_init__(self):
         """Checked here, so that a callback that builds a bad Stop fails in its own hook, naming itself,

@@ -22,15 +22,25 @@ from rayfed.registry import DATASETS, Entry
 
 @dataclass
 class Dataset:
+    """What a dataset's loader returns (rayfed.register_dataset): the samples as arrays."""
+
     name: str
+    """Its registered name."""
     train_x: np.ndarray
+    """The training inputs, one row per sample of `input_shape`."""
     train_y: np.ndarray
+    """The training labels, integers in [0, num_classes)."""
     test_x: np.ndarray
+    """The test inputs."""
     test_y: np.ndarray
+    """The test labels."""
     num_classes: int
+    """The classes, as registered."""
     input_shape: tuple[int, ...]
-    # synthetic: the training rows each generated client owns; shakespeare: each speaking role's crop
+    """One sample's shape, as registered (checked against the arrays before a run)."""
     natural_partition: Partition | None = None
+    """The dataset's own clients (data.partition=natural): the training rows each owns, such as each
+    generated client of synthetic or each speaking role of shakespeare; None where it has none."""
 
 
 def register_dataset(name: str, *, input_shape: tuple[int, ...], num_classes: int, default_model: str,
@@ -48,8 +58,8 @@ def register_dataset(name: str, *, input_shape: tuple[int, ...], num_classes: in
     - `num_samples`: train + test samples, or a function of the data section giving them;
     - `natural`: the data defines its own clients (data.partition=natural, the default then);
     - `partitions`: the data.partition values that apply (None: every registered one);
-    - `required_files(root)` and `missing_files(root)`: the files it reads under data.root and
-      those absent (checked before anything starts, unless data.download);
+    - `required_files(root)` and `missing_files(root)`: the files (or folders of files) it reads
+      under data.root, and those absent (checked before anything starts, unless data.download);
     - `normalizable`: data.normalize applies (images with channel statistics);
     - `lazy`: the loader returns a rayfed.data.lazy.LazyDataset, whose clients are made when they
       train (its clients are its own: data.partition=natural only); `resident_samples`, a number or a

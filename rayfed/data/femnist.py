@@ -29,6 +29,11 @@ def folders(root: str) -> dict[str, pathlib.Path]:
     return leaf.split_folders(root, FOLDER)
 
 
+def required_files(root: str) -> list[pathlib.Path]:
+    """The folders of LEAF's .json files, one per split."""
+    return list(folders(root).values())
+
+
 def check_files(root: str, download: bool = False) -> None:
     leaf.check_files(root, FOLDER, LEAF_COMMAND, "NIST's writer data", download)
 
@@ -98,7 +103,7 @@ def _missing(root: str) -> list[pathlib.Path]:
 
 
 @register_dataset("femnist", input_shape=IMAGE_SHAPE, num_classes=NUM_CLASSES, default_model="relu_mlp", natural=True,
-                  partitions=("natural", "iid"), missing_files=_missing,
+                  partitions=("natural", "iid"), required_files=required_files, missing_files=_missing,
                   num_samples=lambda data: data.num_clients * SAMPLES_PER_WRITER)
 def _femnist(data, seed: int) -> Dataset:
     """LEAF's FEMNIST digits (Caldas et al., 2018), one client per writer."""

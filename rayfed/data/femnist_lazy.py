@@ -137,7 +137,7 @@ def _missing(root: str) -> list[pathlib.Path]:
 
 
 @register_dataset(NAME, input_shape=femnist.IMAGE_SHAPE, num_classes=femnist.NUM_CLASSES, default_model="relu_mlp",
-                  natural=True, lazy=True, missing_files=_missing,
+                  natural=True, lazy=True, required_files=femnist.required_files, missing_files=_missing,
                   num_samples=lambda data: data.num_clients * femnist.SAMPLES_PER_WRITER,
                   resident_samples=lambda data: data.num_clients * femnist.SAMPLES_PER_WRITER // 5)
 def _femnist_lazy(data, seed: int) -> LazyDataset:

@@ -29,7 +29,9 @@ FEDMOS_CIFAR_CLASSES_PER_CLIENT = 5
 class Partition:
     """Client i owns indices[offsets[i]:offsets[i+1]]; one flat array keeps 1000+ clients cheap to ship."""
     indices: np.ndarray
+    """Every client's training-sample indices, client after client (int64)."""
     offsets: np.ndarray
+    """N + 1 positions in `indices`: client i's start, and the end (int64, from 0)."""
 
     def client(self, client_id: int) -> np.ndarray:
         return self.indices[self.offsets[client_id]:self.offsets[client_id + 1]]
@@ -301,18 +303,24 @@ def check_fedmos_clients(dataset: str | None, num_clients: int) -> None:
 
 @dataclass(frozen=True)
 class PartitionRequest:
-    """What a partitioner splits: the training labels among `num_clients`, drawing from `rng` (the
-    stream (seed, PARTITION)), with the data section's `alpha` and `shards_per_client`; `natural` is
-    the dataset's own split (None where it has none), `dataset` its name."""
+    """What a partitioner splits, and with what."""
 
     labels: np.ndarray
+    """The training samples' labels, the samples to split."""
     num_classes: int
+    """The dataset's classes."""
     num_clients: int
+    """N (data.num_clients)."""
     rng: np.random.Generator
+    """The stream to draw from: (seed, PARTITION)."""
     alpha: float = 0.1
+    """data.alpha (the Dirichlet concentration)."""
     shards_per_client: int = 2
+    """data.shards_per_client."""
     natural: Partition | None = None
+    """The dataset's own split into clients; None where it has none."""
     dataset: str | None = None
+    """The dataset's name (data.dataset)."""
 
     @property
     def num_samples(self) -> int:

@@ -35,6 +35,11 @@ def folders(root: str) -> dict[str, pathlib.Path]:
     return leaf.split_folders(root, FOLDER)
 
 
+def required_files(root: str) -> list[pathlib.Path]:
+    """The folders of LEAF's .json files, one per split."""
+    return list(folders(root).values())
+
+
 def check_files(root: str, download: bool = False) -> None:
     leaf.check_files(root, FOLDER, f"the full data set: {LEAF_COMMAND}", "Project Gutenberg's text", download)
 
@@ -144,7 +149,8 @@ def _missing(root: str) -> list[pathlib.Path]:
 
 
 @register_dataset("shakespeare", input_shape=(SEQUENCE_LENGTH,), num_classes=NUM_CHARACTERS, default_model="char_lstm",
-                  input_dtype=torch.int64, natural=True, partitions=("natural", "iid"), missing_files=_missing,
+                  input_dtype=torch.int64, natural=True, partitions=("natural", "iid"),
+                  required_files=required_files, missing_files=_missing,
                   num_samples=lambda data: data.num_clients * (data.shakespeare_train_samples
                                                                + data.shakespeare_test_samples))
 def _shakespeare(data, seed: int) -> Dataset:

@@ -26,8 +26,12 @@ from rayfed.selection.table import acs_columns
 
 @dataclass(frozen=True)
 class Selection:
-    clients: np.ndarray             # distinct client ids, in the order first drawn
-    weights: np.ndarray | None      # aggregation weight of each of `clients`; None: the algorithm's own
+    """What a selector returns: the round's clients and their weights."""
+
+    clients: np.ndarray
+    """Distinct client ids, in the order first drawn."""
+    weights: np.ndarray | None
+    """The aggregation weight of each of `clients` (RoundInfo.weights); None: the algorithm's own."""
 
 
 class Importances:
@@ -61,19 +65,23 @@ def _read_only(array: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class SelectionRequest:
-    """One round's draw: `size` draws (S, the paper's M) among `candidates` (the online clients' ids; none
-    when nobody is online), whose sample counts are `counts`, from the stream (seed, round); `ucs_variant`
-    (selection.ucs_variant) and `order` (CACS's order of all clients, from its warm-up) for the selectors that
-    use them. `kept_importances`: the candidates' Importances, which rayfed's sampler keeps between rounds
-    while every client is online; a selector reads them as `importances` and `cumulative_importances`."""
+    """One round's draw, what a selector is given."""
 
     candidates: np.ndarray
+    """The online clients' ids (none when nobody is online)."""
     counts: np.ndarray
+    """The candidates' sample counts D_i."""
     size: int
+    """The draws to make: S (the FedMoS paper's M)."""
     rng: np.random.Generator
+    """The stream to draw from: (seed, round)."""
     ucs_variant: str = "paper"
+    """selection.ucs_variant, for UCS."""
     order: np.ndarray | None = None
+    """CACS's order of all clients, from its warm-up; None for the other selectors."""
     kept_importances: Importances | None = None
+    """The candidates' Importances, which rayfed's sampler keeps between rounds while every client is
+    online; a selector reads them as `importances` and `cumulative_importances`."""
 
     @property
     def importances(self) -> np.ndarray:
