@@ -622,8 +622,8 @@ def algorithm_section(raw: Any) -> AlgorithmParams:
     if not algorithm.server_lr and section.lr_global != 1.0:
         raise ConfigError(f"algorithm.lr_global does not apply to {name}, which has no server learning rate")
     if not algorithm.weighted and section.agg_weighting != "uniform":
-        raise ConfigError(f"algorithm.agg_weighting={section.agg_weighting} does not apply to {name}, which "
-                          f"averages the latest updates of all clients")
+        raise ConfigError(f"algorithm.agg_weighting={section.agg_weighting} does not apply to {name}, which does not "
+                          f"weight its clients' uploads (its class does not declare weighted = True)")
     return section
 
 
