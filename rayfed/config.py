@@ -8,9 +8,7 @@ import functools
 import math
 import os
 import re
-import reprlib
 import typing
-from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
@@ -25,8 +23,9 @@ from rayfed.registry import ALGORITHMS, COMPRESSORS, DATASETS, MODELS, PARTITION
 from rayfed.data import missing_files
 from rayfed.data.datasets import NORMALIZATIONS
 from rayfed.data.lazy import TRAIN_LOSS_MAX_CLIENTS
-from rayfed.errors import ConfigError
+from rayfed.errors import ConfigError, show as _show
 from rayfed.faults import SERVER, parse_fault
+from rayfed.input_files import parse_yaml as _parse_yaml, read_yaml
 from rayfed.selection.selectors import UCS_VARIANTS
 from rayfed.resources import check_availability_walk, check_memory, check_model
 from rayfed.systems.availability import AVAILABILITIES
@@ -78,9 +77,6 @@ MAX_STATE_MEMORY_MB = 1e12
 # File names and paths as Linux limits them (NAME_MAX, PATH_MAX).
 MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 4096
-MAX_CONFIG_FILE_BYTES = 2**20
-# PyYAML composes nested collections by recursion; deeper input would end in a RecursionError.
-MAX_YAML_DEPTH = 32
 
 
 def _path_problem(value: str) -> str | None:
@@ -892,22 +888,6 @@ def _list_type(declared: Any) -> Any:
     return typing.get_args(declared)[0] if typing.get_origin(declared) is Annotated else declared
 
 
-class _ShortRepr(reprlib.Repr):
-    """repr for messages: short, one line, and safe for integers too long for str()."""
-
-    def __init__(self):
-        super().__init__()
-        self.maxstring, self.maxother, self.maxlist, self.maxdict, self.maxlevel = 80, 80, 6, 6, 3
-
-    def repr_int(self, value, level):
-        if value.bit_length() > 256:
-            return f"<an integer of about {round(value.bit_length() * math.log10(2))} digits>"
-        return super().repr_int(value, level)
-
-
-_show = _ShortRepr().repr
-
-
 def _name(path) -> str:
     """A file name as given, or its short repr when it is long or holds control characters."""
     text = str(path)
@@ -943,63 +923,12 @@ def _did_you_mean_key(dotted: str) -> str:
 
 # ---- YAML files and overrides ----
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that reports, as a YAML error with its position, what would otherwise end in a
-    RecursionError (deep nesting) or a ValueError (an integer of thousands of digits, 2024-13-45)."""
-    depth = 0
-
-    def compose_node(self, parent, index):
-        self.depth += 1
-        try:
-            if self.depth > MAX_YAML_DEPTH:
-                raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_YAML_DEPTH} levels deep",
-                                                  self.peek_event().start_mark)
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= 1
-
-    def construct_object(self, node, deep=False):
-        try:
-            return super().construct_object(node, deep)
-        except ValueError as error:
-            reason = str(error).split(";")[0]
-            raise yaml.constructor.ConstructorError(None, None, f"cannot read {_show(node.value)} ({reason})",
-                                                    node.start_mark) from None
-
-
-def _parse_yaml(text: str, what: str, positions: bool = True) -> Any:
-    try:
-        return yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark and positions else ""
-        problem = getattr(error, "problem", None) or str(error)
-        raise ConfigError(f"{what} is not valid YAML{where}: {problem}") from None
-
-
 def _read_yaml(path: str | os.PathLike) -> dict:
     where = f"config file {_name(path)}"
     problem = _path_problem(os.fspath(path))
     if problem:
         raise ConfigError(f"{where} {problem}")
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-        if not path.is_file():
-            raise ConfigError(f"{where} is not a file")
-        if size > MAX_CONFIG_FILE_BYTES:
-            raise ConfigError(f"{where} holds {size} bytes; a config file may hold at most {MAX_CONFIG_FILE_BYTES}")
-        data = path.read_bytes()
-    except (FileNotFoundError, NotADirectoryError):
-        raise ConfigError(f"{where} does not exist") from None
-    except OSError as error:
-        raise ConfigError(f"{where} cannot be read ({error.strerror})") from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        raise ConfigError(f"{where} is not UTF-8 text (byte 0x{data[error.start]:02x} at offset "
-                          f"{error.start})") from None
-    loaded = _parse_yaml(text, where)
+    loaded = read_yaml(path, where)
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):

@@ -8,8 +8,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rayfed.errors import ConfigError
+from rayfed.input_files import read_json
+
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
+# A summary holds a few dozen numbers; the bound keeps a file put in its place from filling the memory.
+MAX_SUMMARY_BYTES = 2**24
 # Keys that measure the machine, not the maths: they differ between identical runs.
 WALL_CLOCK_KEYS = ("wall_time_s", "phase_s")
 
@@ -73,8 +78,9 @@ def write_json_atomic(path: Path, payload: dict) -> None:
 def read_summary(run_dir: Path) -> dict | None:
     """A run's summary.json; None where it has none, or one that cannot be read."""
     try:
-        summary = json.loads((run_dir / SUMMARY).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        # NaN too: summaries written before rayfed wrote undefined numbers as null hold it.
+        summary = read_json(run_dir / SUMMARY, SUMMARY, MAX_SUMMARY_BYTES, constants=True)
+    except ConfigError:
         return None
     return summary if isinstance(summary, dict) else None
 
