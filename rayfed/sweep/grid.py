@@ -137,7 +137,7 @@ def _key_sets(axis: Axis | Alternatives) -> list[tuple[str, ...]]:
 
 
 def _keys(grid: Grid) -> list[str]:
-    """Every key of the grid, in the file's order, an alternative's after the one before it."""
+    """Every key of the grid in the file's order, the alternatives' keys one alternative after another."""
     return [key for axis in grid
             for key in ([axis.key] if isinstance(axis, Axis) else [k for b in axis.branches for k in _keys(b)])]
 
