@@ -10,9 +10,7 @@ the world (plugins, datasets, models, memory, trackers) is checked by rayfed.pre
 import difflib
 import math
 import os
-import reprlib
 import typing
-from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
@@ -21,8 +19,9 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, SerializeAsA
 from pydantic_core import PydanticCustomError
 
 from rayfed.algorithms.params import AlgorithmParams, common_keys
-from rayfed.errors import ConfigError
+from rayfed.errors import ConfigError, show
 from rayfed.fields import MAX_COEFFICIENT, Flag, Names, allowed_values, count, number, read_float
+from rayfed.input_files import parse_yaml, read_yaml
 from rayfed.registry import ALGORITHMS, COMPRESSORS, DATASETS, MODELS, PARTITIONERS, SELECTORS, Registry, did_you_mean
 
 BACKENDS = ("local", "ray")
@@ -80,9 +79,6 @@ MAX_STATE_MEMORY_MB = 1e12
 # File names and paths as Linux limits them (NAME_MAX, PATH_MAX).
 MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 4096
-MAX_CONFIG_FILE_BYTES = 2**20
-# PyYAML composes nested collections by recursion; deeper input would end in a RecursionError.
-MAX_YAML_DEPTH = 32
 
 
 def path_problem(value: str) -> str | None:
@@ -105,7 +101,7 @@ def check_path(key: str, value: str) -> None:
     4096 bytes in all (beyond those, the operating system fails with an error of its own)."""
     problem = path_problem(value)
     if problem:
-        raise ConfigError(f"{key}={show_value(value)} {problem}")
+        raise ConfigError(f"{key}={show(value)} {problem}")
 
 
 def _valid_path(value: str) -> str:
@@ -598,7 +594,7 @@ def algorithm_section(raw: Any) -> AlgorithmParams:
         raise ConfigError(f"algorithm must be a mapping of keys ({', '.join(common_keys())}, ...)")
     name = raw.get("name", DEFAULT_ALGORITHM)
     if not isinstance(name, str) or name not in ALGORITHMS:
-        raise ConfigError(f"algorithm.name={show_value(name)} is not one of: {', '.join(ALGORITHMS)}"
+        raise ConfigError(f"algorithm.name={show(name)} is not one of: {', '.join(ALGORITHMS)}"
                           f"{did_you_mean(name, ALGORITHMS.names())}")
     algorithm = ALGORITHMS.get(name).target
     params = algorithm.Params
@@ -613,7 +609,7 @@ def algorithm_section(raw: Any) -> AlgorithmParams:
         starting = [k for k in params.model_fields if k.startswith(str(key))]      # lr -> lr_local, as elsewhere
         close = starting[:1] or difflib.get_close_matches(str(key), list(params.model_fields), n=1)
         close = f" (did you mean {'algorithm.' + close[0]!r}?)" if close else ""
-        raise ConfigError(f"unknown key {show_value(f'algorithm.{key}')}{close}")
+        raise ConfigError(f"unknown key {show(f'algorithm.{key}')}{close}")
     try:
         section = params.model_validate({key: value for key, value in raw.items()
                                          if value is not None and key in params.model_fields})
@@ -644,23 +640,23 @@ def _message(error: ValidationError, root: type[BaseModel] | None = None, prefix
     if kind in ("algorithm_section", "plugin_record"):
         return first["msg"] if kind == "algorithm_section" else f"{key}: {first['msg']}"
     if kind == "extra_forbidden":
-        return f"unknown key {show_value(key)}{_did_you_mean_key(key)}"
+        return f"unknown key {show(key)}{_did_you_mean_key(key)}"
     if kind in _TYPE_WORDS:
-        return f"{key} must be {_TYPE_WORDS[kind]}, got {show_value(value)} ({type(value).__name__})"
+        return f"{key} must be {_TYPE_WORDS[kind]}, got {show(value)} ({type(value).__name__})"
     if kind == "list_type":
         item = typing.get_args(_list_type(declared))[0]
-        return f"{key} must be a list of {typing.get_args(item)[0].__name__}, got {show_value(value)}"
+        return f"{key} must be a list of {typing.get_args(item)[0].__name__}, got {show(value)}"
     if kind in ("model_type", "model_attributes_type"):
         return f"{key} must be a mapping of keys ({', '.join(declared.model_fields)})"
     if kind == "registered_name":
         choices = context["choices"]
-        return f"{key}={show_value(value)} is not one of: {', '.join(choices)}{did_you_mean(value, choices)}"
+        return f"{key}={show(value)} is not one of: {', '.join(choices)}{did_you_mean(value, choices)}"
     if kind == "literal_error":
         choices = typing.get_args(declared)
         if root is not None and first["loc"][0] not in common_keys():
             # An algorithm's own choice, worded as its ranges are.
-            return f"{key}={show_value(value)} must be {allowed_values(declared)}"
-        return f"{key}={show_value(value)} is not one of: {', '.join(choices)}{did_you_mean(value, choices)}"
+            return f"{key}={show(value)} must be {allowed_values(declared)}"
+        return f"{key}={show(value)} is not one of: {', '.join(choices)}{did_you_mean(value, choices)}"
     if kind == "finite_number" or kind in _BOUND_ERRORS:
         # Shown as the float it was read as (0 as 0.0, '1e3' as 1000.0), or as given when too large
         # for one. pydantic checks the bounds before finiteness, so a NaN fails "> 0" first.
@@ -668,13 +664,13 @@ def _message(error: ValidationError, root: type[BaseModel] | None = None, prefix
         if isinstance(value, int) and number == math.inf:
             number = value
         if isinstance(number, float) and not math.isfinite(number):
-            return f"{key}={show_value(number)} must be a finite number"
-        return f"{key}={show_value(number)} must be {allowed_values(declared)}"
+            return f"{key}={show(number)} must be a finite number"
+        return f"{key}={show(number)} must be {allowed_values(declared)}"
     if kind in ("too_long", "string_too_long"):
         return f"{key} may hold at most {context['max_length']} {'entries' if kind == 'too_long' else 'characters'}"
     if kind == "value_error":
-        return f"{key}={show_value(value)} {context['error']}"
-    return f"{key}={show_value(value)} is not allowed ({first['msg']})"
+        return f"{key}={show(value)} {context['error']}"
+    return f"{key}={show(value)} is not allowed ({first['msg']})"
 
 
 def _declared(loc: tuple, root: type[BaseModel]) -> Any:
@@ -701,26 +697,10 @@ def _list_type(declared: Any) -> Any:
     return typing.get_args(declared)[0] if typing.get_origin(declared) is Annotated else declared
 
 
-class _ShortRepr(reprlib.Repr):
-    """repr for messages: short, one line, and safe for integers too long for str()."""
-
-    def __init__(self):
-        super().__init__()
-        self.maxstring, self.maxother, self.maxlist, self.maxdict, self.maxlevel = 80, 80, 6, 6, 3
-
-    def repr_int(self, value, level):
-        if value.bit_length() > 256:
-            return f"<an integer of about {round(value.bit_length() * math.log10(2))} digits>"
-        return super().repr_int(value, level)
-
-
-show_value = _ShortRepr().repr
-
-
 def _name(path) -> str:
     """A file name as given, or its short repr when it is long or holds control characters."""
     text = str(path)
-    return text if 0 < len(text) <= 120 and text.isprintable() else show_value(text)
+    return text if 0 < len(text) <= 120 and text.isprintable() else show(text)
 
 
 def all_keys() -> list[str]:
@@ -752,63 +732,12 @@ def _did_you_mean_key(dotted: str) -> str:
 
 # ---- YAML files and overrides ----
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that reports, as a YAML error with its position, what would otherwise end in a
-    RecursionError (deep nesting) or a ValueError (an integer of thousands of digits, 2024-13-45)."""
-    depth = 0
-
-    def compose_node(self, parent, index):
-        self.depth += 1
-        try:
-            if self.depth > MAX_YAML_DEPTH:
-                raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_YAML_DEPTH} levels deep",
-                                                  self.peek_event().start_mark)
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= 1
-
-    def construct_object(self, node, deep=False):
-        try:
-            return super().construct_object(node, deep)
-        except ValueError as error:
-            reason = str(error).split(";")[0]
-            raise yaml.constructor.ConstructorError(None, None, f"cannot read {show_value(node.value)} ({reason})",
-                                                    node.start_mark) from None
-
-
-def _parse_yaml(text: str, what: str, positions: bool = True) -> Any:
-    try:
-        return yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark and positions else ""
-        problem = getattr(error, "problem", None) or str(error)
-        raise ConfigError(f"{what} is not valid YAML{where}: {problem}") from None
-
-
 def _read_yaml(path: str | os.PathLike) -> dict:
     where = f"config file {_name(path)}"
     problem = path_problem(os.fspath(path))
     if problem:
         raise ConfigError(f"{where} {problem}")
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-        if not path.is_file():
-            raise ConfigError(f"{where} is not a file")
-        if size > MAX_CONFIG_FILE_BYTES:
-            raise ConfigError(f"{where} holds {size} bytes; a config file may hold at most {MAX_CONFIG_FILE_BYTES}")
-        data = path.read_bytes()
-    except (FileNotFoundError, NotADirectoryError):
-        raise ConfigError(f"{where} does not exist") from None
-    except OSError as error:
-        raise ConfigError(f"{where} cannot be read ({error.strerror})") from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        raise ConfigError(f"{where} is not UTF-8 text (byte 0x{data[error.start]:02x} at offset "
-                          f"{error.start})") from None
-    loaded = _parse_yaml(text, where)
+    loaded = read_yaml(path, where)
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -820,20 +749,20 @@ def _apply_override(raw: dict, text: str) -> None:
     dotted, separator, value = text.partition("=")
     dotted = dotted.strip()
     if not separator or not dotted:
-        raise ConfigError(f"override {show_value(text)} must look like key=value, e.g. train.rounds=10")
+        raise ConfigError(f"override {show(text)} must look like key=value, e.g. train.rounds=10")
     node = raw
     parts = dotted.split(".")
     for part in parts[:-1]:
         node = node.get(part)
         if not isinstance(node, dict):
-            raise ConfigError(f"unknown key {show_value(dotted)}{_did_you_mean_key(dotted)}")
+            raise ConfigError(f"unknown key {show(dotted)}{_did_you_mean_key(dotted)}")
     leaf = parts[-1]
     if leaf not in node and not (node is raw.get("algorithm") and len(parts) == 2):
-        raise ConfigError(f"unknown key {show_value(dotted)}{_did_you_mean_key(dotted)}")
+        raise ConfigError(f"unknown key {show(dotted)}{_did_you_mean_key(dotted)}")
     if isinstance(node.get(leaf), dict) and _is_section(parts):
         raise ConfigError(f"{dotted} is a section; set one of its keys, e.g. {dotted}.{next(iter(node[leaf]))}=...")
     # A key whose value the file gave as a mapping (where a scalar belongs) takes the override's value.
-    node[leaf] = _parse_yaml(value, f"the value of {dotted}", positions=False) if value.strip() else None
+    node[leaf] = parse_yaml(value, f"the value of {dotted}", positions=False) if value.strip() else None
 
 
 def _is_section(parts: list[str]) -> bool:
@@ -848,7 +777,7 @@ def _merge(target: dict, source: dict, prefix: str) -> None:
     for key, value in source.items():
         dotted = f"{prefix}{key}"
         if key not in target and prefix != "algorithm.":
-            raise ConfigError(f"unknown key {show_value(dotted)}{_did_you_mean_key(dotted)}")
+            raise ConfigError(f"unknown key {show(dotted)}{_did_you_mean_key(dotted)}")
         if isinstance(target.get(key), dict):
             if not isinstance(value, dict):
                 raise ConfigError(f"{dotted} must be a mapping of keys ({', '.join(target[key])})")

@@ -1,4 +1,6 @@
 """The exception types that reach the user as one line."""
+import math
+import reprlib
 
 
 def first_line(error: BaseException) -> str:
@@ -12,6 +14,22 @@ def kind_of(value) -> str:
     if isinstance(value, Tensor):
         return f"a tensor of shape {tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
     return "None" if value is None else f"a {type(value).__name__}"
+
+
+class _ShortRepr(reprlib.Repr):
+    """repr for messages: short, one line, and safe for integers too long for str()."""
+
+    def __init__(self):
+        super().__init__()
+        self.maxstring, self.maxother, self.maxlist, self.maxdict, self.maxlevel = 80, 80, 6, 6, 3
+
+    def repr_int(self, value, level):
+        if value.bit_length() > 256:
+            return f"<an integer of about {round(value.bit_length() * math.log10(2))} digits>"
+        return super().repr_int(value, level)
+
+
+show = _ShortRepr().repr
 
 
 class ConfigError(ValueError):
@@ -33,3 +51,14 @@ class RunStopped(Exception):
     def __init__(self, message: str, status: str):
         super().__init__(message)
         self.status = status
+
+    def __reduce__(self):
+        # Exception's own would call __init__ with the message alone, which fails on unpickling (as in a
+        # Ray Tune trial's error), for subclasses too whose __init__ takes other arguments.
+        return _rebuilt, (type(self), self.args, self.__dict__)
+
+
+def _rebuilt(cls: type, args: tuple, attributes: dict) -> BaseException:
+    error = cls.__new__(cls, *args)
+    error.__dict__.update(attributes)
+    return error

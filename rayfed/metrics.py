@@ -11,6 +11,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from rayfed.errors import ConfigError
+from rayfed.input_files import read_json
+
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CLIENTS = "clients.jsonl"
@@ -19,6 +22,8 @@ CLIENTS = "clients.jsonl"
 CLIENT_ROWS = "clients"
 # A client row's own keys: a metric a client reports under one of these names stays out of its row.
 CLIENT_ROW_KEYS = ("round", "client", "num_samples")
+# A summary holds a few dozen numbers; the bound keeps a file put in its place from filling the memory.
+MAX_SUMMARY_BYTES = 2**24
 # Keys that measure the machine, not the maths: they differ between identical runs.
 WALL_CLOCK_KEYS = ("wall_time_s", "phase_s")
 
@@ -119,8 +124,9 @@ def write_json_atomic(path: Path, payload: dict) -> None:
 def read_summary(run_dir: Path) -> dict | None:
     """A run's summary.json; None where it has none, or one that cannot be read."""
     try:
-        summary = json.loads((run_dir / SUMMARY).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        # NaN too: summaries written before rayfed wrote undefined numbers as null hold it.
+        summary = read_json(run_dir / SUMMARY, SUMMARY, MAX_SUMMARY_BYTES, constants=True)
+    except ConfigError:
         return None
     return summary if isinstance(summary, dict) else None
 

@@ -21,11 +21,11 @@ from rayfed.algorithms.local_training import LocalSchedule
 from rayfed.algorithms.params import RunFacts
 from rayfed.callbacks.registry import check_logging
 from rayfed.config import (CACS_DEFAULTS, INTERVAL_DEFAULTS, Config, DataConfig, TrainConfig, path_problem, read_raw,
-                           show_value, validate)
+                           validate)
 from rayfed.data import missing_files
 from rayfed.data.base import sample_count
 from rayfed.data.lazy import TRAIN_LOSS_MAX_CLIENTS, is_lazy
-from rayfed.errors import ConfigError
+from rayfed.errors import ConfigError, show
 from rayfed.faults import SERVER, parse_fault
 from rayfed.fields import format_number
 from rayfed.plugins import load_plugins
@@ -342,7 +342,7 @@ def _check_dataset_files(config: Config) -> None:
     try:
         missing = missing_files(config.data.dataset, config.data.root)
     except OSError as error:
-        raise ConfigError(f"data.root={show_value(config.data.root)} cannot be read ({error.strerror})") from None
+        raise ConfigError(f"data.root={show(config.data.root)} cannot be read ({error.strerror})") from None
     if missing:
         folder = missing[0].parent
         names = ", ".join(path.name for path in missing)

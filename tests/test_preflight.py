@@ -29,9 +29,10 @@ def rayfed_imports(module: Path) -> set[str]:
     return names
 
 
-def test_the_schema_imports_nothing_of_rayfed_above_fields_and_the_registries():
+def test_the_schema_imports_nothing_of_rayfed_above_fields_registries_and_bounded_files():
     assert rayfed_imports(ROOT / "rayfed" / "config.py") == {"rayfed.fields", "rayfed.registry", "rayfed.errors",
-                                                            "rayfed.algorithms.params"}
+                                                            "rayfed.input_files", "rayfed.algorithms.params"}
+    assert rayfed_imports(ROOT / "rayfed" / "input_files.py") == {"rayfed.errors"}
     assert rayfed_imports(ROOT / "rayfed" / "algorithms" / "params.py") == {"rayfed.fields"}
     assert rayfed_imports(ROOT / "rayfed" / "registry.py") == {"rayfed.errors"}
 

@@ -123,7 +123,7 @@ def test_mismatched_and_broken_runs_are_listed_not_averaged(sweep, capsys):
            f"({sweep / 'mifa-b'}); 8 rounds, evaluated at 2, 4, 6, 8 ({sweep / 'mifa-a'})" in left_out
     assert f"{sweep / 'no-metrics'}: no metrics.jsonl" in left_out
     assert f"{sweep / 'empty-metrics'}: metrics.jsonl is empty" in left_out
-    assert f"{sweep / 'nan-metrics'}: metrics.jsonl line 1 is not a JSON object with a round" in left_out
+    assert f"{sweep / 'nan-metrics'}: metrics.jsonl line 1 is not strict JSON: NaN is not JSON" in left_out
     assert f"{sweep / 'untested'}: metrics.jsonl has no test_accuracy" in left_out
     assert "repeats seed" not in left_out
     rows = [line for line in printed.splitlines() if line.startswith("| ") and "---" not in line]

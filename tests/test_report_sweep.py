@@ -220,3 +220,89 @@ def test_groups_with_different_targets_get_a_target_column(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| target | rounds to target | virtual s to target | bytes to target |" in printed
     assert "| 0.5 | 4.0 ± – |" in printed and "| 0.6 | 4.0 ± – |" in printed
+
+
+# Methods with hyper-parameters of their own, in one sweep: (name, own key, its values, the best of them)
+METHODS = (("fedavgm", "beta1", [0.5, 0.9], 0.9), ("fedprox", "mu", [0.001, 0.01, 0.1], 0.01),
+           ("feddyn", "alpha", [0.01, 0.1], 0.1))
+BEST_LR = {"fedavgm": 0.01, "fedprox": 0.1, "feddyn": 0.1}
+
+
+def best_accuracy(name, own, lr, seed):
+    best_own = next(best for method, _, _, best in METHODS if method == name)
+    return 0.5 + 0.2 * (own == best_own) + 0.1 * (lr == BEST_LR[name]) + 0.01 * seed
+
+
+@pytest.fixture
+def methods_sweep(tmp_path, monkeypatch):
+    """A sweep of three methods, each with its own key's sub-grid, as `rayfed sweep` leaves it."""
+    monkeypatch.chdir(tmp_path)
+    grid = {"algorithm": [{"name": name, key: values} for name, key, values, _ in METHODS],
+            "algorithm.lr_local": [0.01, 0.1], "seed": [0, 1]}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"base": {"train": {"rounds": 8, "eval_every": 2}},
+                                                     "grid": grid}, sort_keys=False))
+    sweep = read_sweep("s.yaml", [], tmp_path / "base.yaml")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / SWEEP_FILE).write_text(sweep.describe())
+    for trial in sweep.trials:
+        point = dict(trial.point)
+        name, lr, seed = point["algorithm.name"], point["algorithm.lr_local"], point["seed"]
+        key = next(key for method, key, _, _ in METHODS if method == name)
+        best = best_accuracy(name, point[f"algorithm.{key}"], lr, seed)
+        run = write_run(out / "trials" / trial.name, seed, [best - 0.3, best - 0.2, best, best - 0.05],
+                        algorithm=name, lr_local=lr, wall_time_s=5.0)
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        config["algorithm"] = {"name": name, "lr_local": lr, key: point[f"algorithm.{key}"]}   # as rayfed writes it
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+    return out
+
+
+def method_row(name, key, own, lr):
+    best = [best_accuracy(name, own, lr, seed) for seed in (0, 1)]
+    cells = {"beta1": "–", "mu": "–", "alpha": "–", key: str(own)}
+    return (f"| {name} | {cells['beta1']} | {cells['mu']} | {cells['alpha']} | {lr} | 2 | {cell(best)} | "
+            f"{cell([value - 0.05 for value in best])} | 5.0 | finished |")
+
+
+def test_one_sweep_of_methods_with_keys_of_their_own_makes_one_table(methods_sweep, capsys):
+    assert main(["sweep", "s.yaml", "--out", str(methods_sweep), "--select", "best_test_accuracy", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "| algorithm.name | algorithm.beta1 | algorithm.mu | algorithm.alpha | algorithm.lr_local | " \
+           "mean best_test_accuracy | seeds |" in printed
+    assert "| fedavgm | 0.9 | – | – | 0.01 | 0.8050 | 2 |" in printed
+    selection = json.loads((methods_sweep / "selection.json").read_text())
+    assert [(row["group"], row["setting"], len(row["compared"])) for row in selection["groups"]] == [
+        ({"algorithm.name": name}, {"algorithm.beta1": None, "algorithm.mu": None, "algorithm.alpha": None,
+                                    f"algorithm.{key}": best, "algorithm.lr_local": BEST_LR[name]}, 2 * len(values))
+        for name, key, values, best in METHODS]
+
+    expected = [method_row("fedavgm", "beta1", 0.9, 0.01), method_row("feddyn", "alpha", 0.1, 0.1),
+                method_row("fedprox", "mu", 0.01, 0.1)]
+    assert report_table(methods_sweep, "--out", methods_sweep / "selected") == 0
+    printed = capsys.readouterr().out
+    assert "6 run(s) averaged in 3 group(s)." in printed and "Not averaged" not in printed
+    assert ("| algorithm.name | algorithm.beta1 | algorithm.mu | algorithm.alpha | algorithm.lr_local | seeds | "
+            "best test accuracy |") in printed
+    assert table_rows(printed) == expected
+    assert "Settings compared per group: 6 of algorithm.beta1, algorithm.mu, algorithm.alpha, algorithm.lr_local" \
+        in printed
+
+    # the same choice from the trials alone, and without a selection every setting of every method
+    (methods_sweep / "selection.json").unlink()
+    assert report_table(methods_sweep, "--select", "best_test_accuracy", "--out", methods_sweep / "again") == 0
+    assert table_rows(capsys.readouterr().out) == expected
+    assert report_table(methods_sweep, "--out", methods_sweep / "grid") == 0
+    printed = capsys.readouterr().out
+    assert "28 run(s) averaged in 14 group(s)." in printed and "Not averaged" not in printed
+    assert len(table_rows(printed)) == 14 and method_row("fedprox", "mu", 0.001, 0.01) in table_rows(printed)
+
+
+def test_a_method_none_of_whose_trials_completed_leaves_no_column(methods_sweep, capsys):
+    for summary in methods_sweep.glob("trials/algorithm.name=feddyn*/summary.json"):
+        summary.write_text(json.dumps({**json.loads(summary.read_text()), "status": "diverged"}))
+    assert report_table(methods_sweep, "--select", "best_test_accuracy", "--out", methods_sweep / "selected") == 0
+    printed = capsys.readouterr().out
+    assert "| algorithm.name | algorithm.beta1 | algorithm.mu | algorithm.lr_local | seeds |" in printed
+    assert [row.split(" | ")[:4] for row in table_rows(printed)] == [["| fedavgm", "0.9", "–", "0.01"],
+                                                                    ["| fedprox", "–", "0.01", "0.1"]]

@@ -3,14 +3,18 @@ directories bitwise equal to `rayfed run`, failures are recorded without stoppin
 an interrupted sweep continues, and selection picks by the mean over seeds."""
 import json
 import os
+import pickle
 import shutil
 
 import pytest
 import yaml
 
+from rayfed.callbacks.dispatch import CallbackFailed
 from rayfed.cli import main
+from rayfed.errors import RunStopped
 from rayfed.preflight import load_config
 from rayfed.metrics import WALL_CLOCK_KEYS
+from rayfed.sweep.grid import varied_keys
 from rayfed.sweep.runner import trial_bundles, trial_resources
 from rayfed.sweep.select import select
 from rayfed.sweep.spec import read_sweep
@@ -60,6 +64,31 @@ def test_the_grid_expands_in_file_order_and_every_point_is_resolved(in_tmp):
      "grid point (algorithm.name=fedavg, algorithm.beta1=0.5): algorithm.beta1 is not a parameter of fedavg"),
     ("grid: {engine.cpu_isa: [null, default]}\n",
      "engine.cpu_isa is default, unset among the sweep's trials, whose processes share one Ray job's environment"),
+    # methods with keys of their own, as alternatives of the algorithm section
+    ("grid:\n  algorithm:\n    - {name: fedavgm, beta1: [0.5, 0.9]}\n    - {name: fedprox, eps: [0.1]}\n",
+     "grid point (algorithm.name=fedprox, algorithm.eps=0.1): algorithm.eps is not a parameter of fedprox"),
+    ("grid: {algorithm: [{name: fedprox, lr_local: [0.1]}], algorithm.lr_local: [0.1]}\n",
+     "sweep file bad.yaml: grid key algorithm.lr_local is set twice in one point, once in an alternative"),
+    ("grid: {algorithm: [{name: fedprox}, {name: fedprox}]}\n",
+     "sweep file bad.yaml: the grid gives the point (algorithm.name=fedprox) twice"),
+    ("grid: {algorithm: [{name: fedprox}, {}]}\n", "grid key algorithm, alternative 2 is empty"),
+    ("grid: {algorithm: [fedprox]}\n", "grid key algorithm is a section: give it a list of alternatives"),
+    ("grid: {algorithm: [{name: fedprox, mu: []}]}\n",
+     "grid key algorithm, alternative 1: mu must be a value or a non-empty list of values"),
+    ("grid: {algorithm: [{name: fedprox, mu: [0.1, 0.1]}]}\n",
+     "grid key algorithm, alternative 1: grid key algorithm.mu repeats a value"),
+    # input that once ended in a traceback, or was silently misread
+    pytest.param("grid: {seed: " + "[" * 5000 + "]" * 5000 + "}\n",
+                 "is not valid YAML at line 1, column 44: nested more than 32 levels deep", id="5000-deep"),
+    ("grid: {seed: [0]}\ngrid: {seed: [1]}\n",
+     "is not valid YAML at line 2, column 1: the key 'grid' is given twice (first at line 1)"),
+    ("grid:\n  seed: [0]\n  algorithm.lr_local: [0.1]\n  seed: [1]\n",
+     "at line 4, column 3: the key 'seed' is given twice (first at line 2)"),
+    ("grid: {seed: !!set {1, 2}}\n", "at line 1, column 14: a set (!!set) is not a value rayfed reads"),
+    pytest.param("grid: {seed: [" + ", ".join(map(str, range(90))) + "], algorithm.lr_local: [" +
+                 ", ".join(f"0.{i + 1:03d}" for i in range(90)) + "], train.rounds: [" +
+                 ", ".join(map(str, range(1, 101))) + "]}\n",
+                 "sweep file bad.yaml: the grid has 810000 points; a sweep may have at most 10000", id="810000-points"),
 ])
 def test_a_bad_sweep_file_or_point_is_one_line_and_nothing_starts(in_tmp, capsys, text, expected):
     (in_tmp / "bad.yaml").write_text(text)
@@ -67,6 +96,80 @@ def test_a_bad_sweep_file_or_point_is_one_line_and_nothing_starts(in_tmp, capsys
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("rayfed: error: ") and expected in err, err
     assert not (in_tmp / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zeros", "directory"])
+def test_a_sweep_file_that_is_no_regular_file_is_one_line(in_tmp, capsys, kind):
+    """A FIFO once blocked the sweep forever; /dev/zero filled the memory."""
+    if kind == "fifo":
+        os.mkfifo(in_tmp / "s.yaml")
+    elif kind == "zeros":
+        (in_tmp / "s.yaml").symlink_to("/dev/zero")
+    else:
+        (in_tmp / "s.yaml").mkdir()
+    assert main(["sweep", "s.yaml", "--out", "out"]) == 2
+    assert capsys.readouterr().err == "rayfed: error: sweep file s.yaml is not a regular file\n"
+    assert not (in_tmp / "out").exists()
+
+
+def test_an_out_below_a_file_is_one_line(in_tmp, capsys):
+    (in_tmp / "afile").write_text("kept\n")
+    write_sweep(in_tmp / "s.yaml", {"seed": [0]})
+    assert main(["sweep", "s.yaml", "--out", "afile/sub"]) == 2
+    assert capsys.readouterr().err == ("rayfed: error: cannot make the sweep directory afile/sub (Not a directory); "
+                                       "choose another --out\n")
+    assert (in_tmp / "afile").read_text() == "kept\n"
+
+
+METHODS = (("fedavgm", "beta1", [0.5, 0.9]), ("fedprox", "mu", [0.001, 0.01, 0.1]), ("feddyn", "alpha", [0.01]))
+ALTERNATIVES = {"algorithm": [{"name": "fedavgm", "beta1": [0.5, 0.9]}, {"name": "fedprox", "mu": [0.001, 0.01, 0.1]},
+                              {"name": "feddyn", "alpha": 0.01}],
+                "algorithm.lr_local": [0.01, 0.1], "seed": [0, 1]}
+
+
+def test_methods_with_keys_of_their_own_expand_to_their_own_sub_grids(in_tmp):
+    sweep = read_sweep(write_sweep(in_tmp / "s.yaml", ALTERNATIVES), [], in_tmp / "base.yaml")
+    expected = [(name, key, value, lr, seed) for name, key, values in METHODS for value in values
+                for lr in (0.01, 0.1) for seed in (0, 1)]
+    assert len(sweep.trials) == (2 + 3 + 1) * 2 * 2 == len(expected)
+    for trial, (name, key, value, lr, seed) in zip(sweep.trials, expected):
+        assert trial.point == (("algorithm.name", name), (f"algorithm.{key}", value), ("algorithm.lr_local", lr),
+                               ("seed", seed))
+        assert trial.name == f"algorithm.name={name}__algorithm.{key}={value}__algorithm.lr_local={lr}__seed={seed}"
+        algorithm = trial.config.to_dict()["algorithm"]
+        assert (algorithm["name"], algorithm[key], algorithm["lr_local"], trial.config.seed) == (name, value, lr, seed)
+        assert not {"beta1", "mu", "alpha"} - {key} & set(algorithm)       # no other method's key
+    assert varied_keys(sweep.parsed) == ["algorithm.name", "algorithm.beta1", "algorithm.mu", "algorithm.alpha",
+                                         "algorithm.lr_local"]
+    # A sweep file without alternatives describes itself as before, so that its sweep directories continue.
+    plain = read_sweep(write_sweep(in_tmp / "p.yaml", {"seed": [0, 1]}), [], in_tmp / "base.yaml")
+    assert plain.describe() == yaml.safe_dump({"base": yaml.safe_dump(BASE, sort_keys=False),
+                                               "grid": {"seed": [0, 1]}, "overrides": []}, sort_keys=False)
+
+
+def test_trial_names_differ_wherever_points_do(in_tmp):
+    """a/b and a_b once both became the trial a_b, one of them silently never run."""
+    values = ["a/b", "a_b", "a%2Fb", "x__y", "x_%5Fy", "z_"]
+    sweep = read_sweep(write_sweep(in_tmp / "s.yaml", {"data.root": values, "seed": [0]}), [], in_tmp / "base.yaml")
+    names = [trial.name for trial in sweep.trials]
+    assert names == ["data.root=a%2Fb__seed=0", "data.root=a_b__seed=0", "data.root=a%252Fb__seed=0",
+                     "data.root=x_%5Fy__seed=0", "data.root=x_%255Fy__seed=0", "data.root=z___seed=0"]
+    assert [trial.config.data.root for trial in sweep.trials] == values
+    long = read_sweep(write_sweep(in_tmp / "l.yaml", {"data.root": ["r" * 200 + "1", "r" * 200 + "2"]}), [],
+                      in_tmp / "base.yaml")
+    assert [len(trial.name) for trial in long.trials] == [150, 150] and long.trials[0].name != long.trials[1].name
+
+
+def test_a_stopped_run_s_error_survives_pickling():
+    """Ray Tune copies a trial's error: RunStopped once lost its status on the way, and the sweep a traceback."""
+    stopped = CallbackFailed("callback x failed")
+    stopped.rounds_completed = 3
+    copy = pickle.loads(pickle.dumps(stopped))
+    assert (type(copy), str(copy), copy.status, copy.rounds_completed) == (CallbackFailed, "callback x failed",
+                                                                          "callback_failed", 3)
+    diverged = pickle.loads(pickle.dumps(RunStopped("the run diverged in round 2", "diverged")))
+    assert (str(diverged), diverged.status, diverged.args) == ("the run diverged in round 2", "diverged",
+                                                               ("the run diverged in round 2",))
 
 
 def test_a_sweep_directory_holds_one_sweep(in_tmp, capsys):
@@ -128,14 +231,23 @@ def same_run(plain, trial):
 
 
 @pytest.mark.slow
-def test_trials_are_rayfed_runs_failures_are_recorded_and_a_rerun_continues(in_tmp, capsys, monkeypatch):
+def test_trials_are_rayfed_runs_divergence_is_recorded_and_a_rerun_continues(in_tmp, capsys, monkeypatch):
+    """A diverging trial once failed with 79 lines of Tune's traceback (it could not copy RunStopped):
+    it is a trial whose status is diverged, a result of its setting, and the sweep succeeds."""
     write_sweep(in_tmp / "s.yaml", {"algorithm.lr_local": [0.02, 1000.0]})
-    assert main(["sweep", "s.yaml", "train.rounds=6", "--out", "out", "--quiet"]) == 1
-    out = capsys.readouterr().out
-    assert "1 of 2 trials finished" in out and "failed: algorithm.lr_local=1000.0: RunStopped: the run diverged" in out
+    assert main(["sweep", "s.yaml", "train.rounds=6", "--out", "out", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and "Error" not in captured.err, captured.err
+    assert "1 of 2 trials finished" in captured.out
+    assert "  diverged: algorithm.lr_local=1000.0: the run diverged in round " in captured.out
     status = json.loads((in_tmp / "out" / "status.json").read_text())
     assert status["algorithm.lr_local=0.02"]["status"] == "finished"
-    assert status["algorithm.lr_local=1000.0"]["status"] == "failed"
+    assert status["algorithm.lr_local=1000.0"]["status"] == "diverged"
+    assert status["algorithm.lr_local=1000.0"]["reason"].startswith("the run diverged in round ")
+    assert not list((in_tmp / "out" / "trials").glob("*.failed"))
+    assert main(["report", "out", "--metric", "test_accuracy", "--format", "png", "--out", "report"]) == 0
+    assert [line.split(" | ")[-1] for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("| 0.02 |", "| 1000.0 |"))] == ["finished |", "diverged |"]
     trial = in_tmp / "out" / "trials" / "algorithm.lr_local=0.02"
     (in_tmp / "base.yaml").write_text(yaml.safe_dump(BASE))
     assert main(["run", "base.yaml", "train.rounds=6", "algorithm.lr_local=0.02", "--out", "plain", "--quiet"]) == 0
@@ -149,7 +261,7 @@ def test_trials_are_rayfed_runs_failures_are_recorded_and_a_rerun_continues(in_t
         interrupted(in_tmp, _flatten(BASE) + overrides, patch, name="cut")
     shutil.move(in_tmp / "cut", trial)
     diverged = (in_tmp / "out" / "trials" / "algorithm.lr_local=1000.0" / "metrics.jsonl").read_bytes()
-    assert main(["sweep", "s.yaml", "train.rounds=6", "--out", "out", "--quiet"]) == 1
+    assert main(["sweep", "s.yaml", "train.rounds=6", "--out", "out", "--quiet"]) == 0
     same_run(in_tmp / "plain", trial)
     assert (in_tmp / "out" / "trials" / "algorithm.lr_local=1000.0" / "metrics.jsonl").read_bytes() == diverged
 

@@ -30,16 +30,17 @@ def report_command(dirs: list[str], keys: list[str] | None = None, target: float
         raise ConfigError(f"--target is a test accuracy as a fraction in [0, 1], got {target}")
     chosen = plan(dirs, keys, select)
     runs, unusable, configs = _read_runs(chosen.paths)
+    keys = [key for key in chosen.keys if key not in chosen.optional or any(key in config for config in configs)]
     if configs:     # where no config.yaml could be read, the report says so instead
-        check_group_keys(chosen.keys, configs)
+        check_group_keys([key for key in keys if key not in chosen.optional], configs)
     _check_metrics(metrics, runs)
-    groups = group_runs(runs, chosen.keys)
+    groups = group_runs(runs, keys)
     stats = [group_stats(group, group_target(group, target)) for group in groups if not group.mismatches]
-    text = render_report(chosen.keys, stats, groups, unusable, chosen.notes)
+    text = render_report(keys, stats, groups, unusable, chosen.notes)
     out_dir = Path(out) if out is not None else Path(dirs[0]) if len(dirs) == 1 else Path("report")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        plots = write_plots(chosen.keys, stats, x, out_dir, metrics, formats, log_x, log_y) if stats else []
+        plots = write_plots(keys, stats, x, out_dir, metrics, formats, log_x, log_y) if stats else []
         images = {}     # one image per figure in report.md: PNG, else SVG; a PDF is for a paper, not Markdown
         for plot in sorted(plots, key=lambda plot: plot.suffix != ".png"):
             if plot.suffix in (".png", ".svg"):

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from rayfed.errors import ConfigError
 from rayfed.report.runs import COMPLETE_STATUSES, Run
 
+# A key a run's config.yaml lacks: an older rayfed's, or another method's own hyper-parameter in
+# a sweep whose alternatives set their own.
 UNSET = "(unset)"
 # How a run was executed, logged or where it found its files, not its maths: runs that differ
 # only here (on different machines, say) are comparable.
@@ -47,7 +49,7 @@ def sort_key(value) -> tuple:
     if value is None:
         return (0, 0.0, "")
     if isinstance(value, (bool, int, float)):
-        return (1, float(value), "")
+        return (1, value, "")       # compared as they are: float() of a 400-digit integer overflows
     return (2, 0.0, render(value))
 
 

@@ -10,7 +10,7 @@ import numpy as np
 # process that may have chosen another.
 from matplotlib.figure import Figure
 
-from rayfed.report.groups import render
+from rayfed.report.groups import UNSET, render
 from rayfed.report.stats import GroupStats, seed_mean_curve
 
 DEFAULT_METRICS = ("test_accuracy", "train_loss")
@@ -47,7 +47,8 @@ def draw(metric: str, keys: list[str], stats: list[GroupStats], x: str, log_x: b
         if not len(xs):
             continue        # the group's runs did not log the metric
         step = max(1, len(xs) // MARKS_PER_CURVE)
-        line, = axes.plot(xs, mean, label=", ".join(map(render, s.group.values)) or "all runs", linewidth=1.4,
+        shown = [render(value) for value in s.group.values if value != UNSET]
+        line, = axes.plot(xs, mean, label=", ".join(shown) or "all runs", linewidth=1.4,
                           markersize=4, markevery=(index * step // max(len(stats), 1), step), **curve_style(index))
         if not np.isnan(std).all():
             lower, upper = mean - std, mean + std

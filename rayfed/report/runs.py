@@ -1,16 +1,15 @@
 """Finding run directories and reading what a run wrote (config.yaml, metrics.jsonl, summary.json)."""
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from rayfed.errors import ConfigError
+from rayfed.input_files import parse_json, read_text, read_yaml
 from rayfed.metrics import METRICS, SUMMARY, read_summary, run_status
 
 
@@ -18,6 +17,11 @@ from rayfed.metrics import METRICS, SUMMARY, read_summary, run_status
 # train.target_accuracy / train.target_loss was reached.
 COMPLETE_STATUSES = ("finished", "reached_target")
 REACHED_TARGET = "reached_target"
+# A round's line is a few hundred bytes: a million rounds' worth.
+MAX_METRICS_BYTES = 2**30
+# ...and of runs that ended by themselves, a callback's stop and a divergence too: a sweep keeps
+# them as they are when run again, and counts them as its trials' results, not as failures.
+ENDED_STATUSES = (*COMPLETE_STATUSES, "stopped", "diverged")
 
 
 @dataclass
@@ -54,8 +58,9 @@ class Run:
 
     @property
     def cumulative_bytes(self) -> np.ndarray:
-        """bytes_up + bytes_down up to and including each round."""
-        return np.cumsum(self.column("bytes_up") + self.column("bytes_down"))
+        """bytes_up + bytes_down up to and including each round (inf past a double's range)."""
+        with np.errstate(over="ignore"):
+            return np.cumsum(self.column("bytes_up") + self.column("bytes_down"))
 
     @property
     def seed(self):
@@ -105,9 +110,9 @@ def find_run_dirs(dirs: list[str]) -> list[Path]:
 
 def read_config(path: Path) -> dict | Unusable:
     try:
-        config = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return Unusable(path, "config.yaml is not readable YAML")
+        config = read_yaml(path / "config.yaml", "config.yaml")
+    except ConfigError as error:
+        return Unusable(path, str(error))
     if not isinstance(config, dict):
         return Unusable(path, "config.yaml is not a mapping of keys")
     return flatten(config)
@@ -125,18 +130,18 @@ def flatten(config: dict, prefix: str = "") -> dict:
 
 def read_run(path: Path, config: dict) -> Run | Unusable:
     metrics_path = path / METRICS
-    if not metrics_path.is_file():
+    if not metrics_path.exists():
         return Unusable(path, "no metrics.jsonl")
-    try:
-        lines = metrics_path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError):
-        return Unusable(path, "metrics.jsonl is not readable UTF-8")
     records = []
-    for number, line in enumerate(lines, start=1):
-        record = _strict_json(line)
-        if not isinstance(record, dict) or not isinstance(record.get("round"), int):
-            return Unusable(path, f"metrics.jsonl line {number} is not a JSON object with a round")
-        records.append(record)
+    try:
+        for number, line in enumerate(read_text(metrics_path, METRICS, MAX_METRICS_BYTES).splitlines(), start=1):
+            # Strict: rayfed writes NaN as null, so a NaN literal means another writer or damage.
+            record = parse_json(line, f"{METRICS} line {number}")
+            if not isinstance(record, dict) or not isinstance(record.get("round"), int):
+                return Unusable(path, f"{METRICS} line {number} is not a JSON object with a round")
+            records.append(record)
+    except ConfigError as error:
+        return Unusable(path, str(error))
     if not records:
         return Unusable(path, "metrics.jsonl is empty")
     if not any("test_accuracy" in record for record in records):
@@ -187,19 +192,6 @@ def _target_problem(config: dict, summary: dict, records: list[dict]) -> str | N
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _strict_json(line: str):
-    """The parsed line, or None where it is not strict JSON (rayfed writes NaN as null, so a NaN
-    literal means the file was not written by it or was damaged)."""
-    try:
-        return json.loads(line, parse_constant=_reject)
-    except ValueError:
-        return None
-
-
-def _reject(constant: str):
-    raise ValueError(constant)
 
 
 def _column(records: list[dict], key: str) -> np.ndarray:

@@ -3,6 +3,7 @@
 curves that the plots draw."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -12,10 +13,21 @@ from rayfed.report.groups import Group
 from rayfed.report.runs import Run
 
 
+def quiet(function):
+    """Values a file can hold (1e308) can have a sum beyond a double's range: the statistics are
+    then inf or NaN, which the report says, rather than numpy's warnings."""
+    @functools.wraps(function)
+    def without_warnings(*args, **kwargs):
+        with np.errstate(over="ignore", invalid="ignore"):
+            return function(*args, **kwargs)
+    return without_warnings
+
+
 @dataclass
 class Spread:
     mean: float
     std: float      # sample std (ddof=1); NaN for a single seed, which has none
+    overflow: bool = False      # the seeds' values are finite, their mean or std is not
 
 
 @dataclass
@@ -41,9 +53,12 @@ class GroupStats:
     wall_time_s: float          # mean over the runs whose summary.json records it; NaN if none does
 
 
+@quiet
 def spread(values) -> Spread:
     values = np.asarray(values, dtype=float)
-    return Spread(float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else math.nan)
+    mean, std = float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else math.nan
+    finite = math.isfinite(mean) and (len(values) == 1 or math.isfinite(std))
+    return Spread(mean, std, overflow=bool(np.isfinite(values).all()) and not finite)
 
 
 def group_target(group: Group, target: float | None) -> float | None:
@@ -55,6 +70,7 @@ def group_target(group: Group, target: float | None) -> float | None:
     return float(shared) if isinstance(shared, (int, float)) and not isinstance(shared, bool) else None
 
 
+@quiet
 def group_stats(group: Group, target: float | None) -> GroupStats:
     runs = group.runs
     wall_times = [run.wall_time_s for run in runs if not math.isnan(run.wall_time_s)]
@@ -129,13 +145,15 @@ def rounds_to_target(metrics: list[dict], key: str, target: float, below: bool =
 AXES = {"round": "rounds", "virtual_time_s": "virtual_time_s", "bytes": "cumulative_bytes"}
 
 
+@quiet
 def seed_mean_curve(runs: list[Run], metric: str, x: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x (seed mean at each point), mean and sample std of `metric` over seeds, at the rounds where
     every seed logged it (test_accuracy: the evaluated rounds) up to the last round every seed ran
-    (runs that stopped at a target end early). The std is NaN with one seed."""
+    (runs that stopped at a target end early). The std is NaN with one seed; a mean or std beyond
+    a double's range is NaN too, which plots leave out."""
     length = min(len(run.rounds) for run in runs)
     at = np.flatnonzero(np.logical_and.reduce([run.logged_at(metric)[:length] for run in runs]))
     xs = np.mean([getattr(run, AXES[x])[at] for run in runs], axis=0)
     ys = np.array([run.column(metric)[at] for run in runs])
     std = ys.std(axis=0, ddof=1) if len(runs) > 1 else np.full(ys.shape[1], math.nan)
-    return xs, ys.mean(axis=0), std
+    return tuple(np.where(np.isfinite(values), values, math.nan) for values in (xs, ys.mean(axis=0), std))

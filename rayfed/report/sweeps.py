@@ -6,16 +6,16 @@ paper's table: with a selection (selection.json, or --select) one row per group,
 setting's mean ± std over its seeds; without one, one row per setting of the grid."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from rayfed.errors import ConfigError
+from rayfed.input_files import read_yaml
 from rayfed.report.runs import find_run_dirs
-from rayfed.sweep.cli import SWEEP_FILE
+from rayfed.sweep.cli import MAX_SWEEP_FILE_BYTES, SWEEP_FILE
+from rayfed.sweep.grid import Grid, parse_grid, varied_keys
 from rayfed.sweep.select import (SELECTION_JSON, SELECTION_MD, TRIALS, read_selection, select_from_trials,
-                                 rule, selection_document, setting_keys_of, varied_keys)
+                                 rule, selection_document, setting_keys_of)
 
 DEFAULT_GROUP = ["algorithm.name"]
 
@@ -23,7 +23,7 @@ DEFAULT_GROUP = ["algorithm.name"]
 @dataclass
 class SweepDir:
     path: Path
-    grid: dict[str, list]
+    grid: Grid
 
 
 @dataclass
@@ -31,22 +31,24 @@ class Plan:
     paths: list[Path]       # the run directories to read
     keys: list[str]         # the table's group columns
     notes: list[str]        # how the rows were chosen, for the report's text
+    # Keys of the sweeps' settings, not of --group: one that no run read has (the hyper-parameter
+    # of a method none of whose trials completed) is no column.
+    optional: list[str] = field(default_factory=list)
 
 
 def read_sweep_dir(path: Path) -> SweepDir | None:
     """The sweep in `path`; None where `path` is no sweep directory."""
     description = path / SWEEP_FILE
-    if not (description.is_file() and (path / TRIALS).is_dir()):
+    if not (description.exists() and (path / TRIALS).is_dir()):
         return None
+    spec = read_yaml(description, str(description), MAX_SWEEP_FILE_BYTES)
+    what = f"{description} is not a sweep's description as rayfed sweep writes it"
+    if not isinstance(spec, dict) or "grid" not in spec:
+        raise ConfigError(f"{what} (a mapping with base, grid and overrides)")
     try:
-        spec = yaml.safe_load(description.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        spec = None
-    grid = spec.get("grid") if isinstance(spec, dict) else None
-    if not isinstance(grid, dict) or not all(isinstance(values, list) for values in grid.values()):
-        raise ConfigError(f"{description} is not a sweep's description as rayfed sweep writes it "
-                          f"(a mapping with base, grid and overrides)")
-    return SweepDir(path, {str(key): values for key, values in grid.items()})
+        return SweepDir(path, parse_grid(spec["grid"], SWEEP_FILE))
+    except ConfigError as error:
+        raise ConfigError(f"{what} ({error})") from None
 
 
 def plan(dirs: list[str], keys: list[str] | None, metric: str | None) -> Plan:
@@ -97,7 +99,7 @@ def _selected(sweeps: list[SweepDir], selections: list[dict], source: str) -> Pl
                           for sweep, selection in chosen)
         notes.append(f"Selected {rule(metric, list(group_keys))}, {source}. Settings compared per group: {where}. "
                      f"Each row gives the selected setting's seeds, the runs the selection averaged.")
-    return Plan(paths, keys, notes)
+    return Plan(paths, keys, notes, optional=_union([selection["setting_keys"] for selection in selections]))
 
 
 def _grid(sweeps: list[SweepDir]) -> Plan:
@@ -110,7 +112,7 @@ def _grid(sweeps: list[SweepDir]) -> Plan:
             notes.append(f"{sweep.path / SELECTION_MD} has no {SELECTION_JSON} beside it (an older rayfed sweep "
                          f"wrote it): rayfed report {sweep.path} --select METRIC reports the selection, chosen "
                          f"again from the trials.")
-    return Plan(find_run_dirs([str(sweep.path / TRIALS) for sweep in sweeps]), keys, notes)
+    return Plan(find_run_dirs([str(sweep.path / TRIALS) for sweep in sweeps]), keys, notes, optional=keys)
 
 
 def _union(key_lists) -> list[str]:

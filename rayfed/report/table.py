@@ -5,11 +5,12 @@ import math
 from collections import Counter
 
 from rayfed.metrics import human_bytes
-from rayfed.report.groups import Group, label, render
+from rayfed.report.groups import UNSET, Group, label, render
 from rayfed.report.runs import Unusable
 from rayfed.report.stats import GroupStats, Spread
 
 NO_VALUE = "–"
+NOT_FINITE = "not finite"
 
 
 def render_report(keys: list[str], stats: list[GroupStats], groups: list[Group], unusable: list[Unusable],
@@ -20,7 +21,7 @@ def render_report(keys: list[str], stats: list[GroupStats], groups: list[Group],
     sections += [[note] for note in notes]
     if stats:
         sections += [_table(keys, stats), _footnote(stats)]
-    left_out = _left_out(keys, groups, unusable)
+    left_out = _left_out(keys, groups, unusable) + _not_finite(keys, stats)
     if left_out:
         sections += [["## Not averaged"], left_out]
     return "\n\n".join("\n".join(section) for section in sections) + "\n"
@@ -45,7 +46,8 @@ def _table(keys: list[str], stats: list[GroupStats]) -> list[str]:
     header += ["wall s per run", "status"]
     rows = [header, ["---"] * len(header)]
     for s in stats:
-        row = [*map(render, s.group.values), str(len(s.group.runs)), _spread(s.best), _spread(s.final)]
+        row = [*(NO_VALUE if value == UNSET else render(value) for value in s.group.values), str(len(s.group.runs)),
+               _spread(s.best), _spread(s.final)]
         if target == "target":
             row.append(NO_VALUE if s.target is None else f"{s.target:g}")
         if target is not None:
@@ -56,6 +58,8 @@ def _table(keys: list[str], stats: list[GroupStats]) -> list[str]:
 
 
 def _spread(spread: Spread) -> str:
+    if spread.overflow:
+        return NOT_FINITE
     return f"{_number(spread.mean, '{:.4f}')} ± {_number(spread.std, '{:.4f}')}"
 
 
@@ -106,6 +110,16 @@ def _footnote(stats: list[GroupStats]) -> list[str]:
     lines.append("Wall s per run: mean of summary.json's wall_time_s. Status: summary.json's status (finished: ran "
                  "train.rounds; reached_target: stopped at its target); incomplete: the run wrote no summary.json.")
     return [" ".join(lines)]
+
+
+def _not_finite(keys: list[str], stats: list[GroupStats]) -> list[str]:
+    lines = []
+    for s in stats:
+        which = [name for name, spread in (("best", s.best), ("final", s.final)) if spread.overflow]
+        if which:
+            lines.append(f"- {label(keys, s.group.values)}: {' and '.join(which)} test accuracy {NOT_FINITE}: its "
+                         f"mean or std over seeds is beyond a double's range, though each seed's value is finite")
+    return lines
 
 
 def _left_out(keys: list[str], groups: list[Group], unusable: list[Unusable]) -> list[str]:

@@ -9,12 +9,15 @@ from pathlib import Path
 
 from rayfed.config import check_path
 from rayfed.errors import ConfigError
-from rayfed.report.runs import COMPLETE_STATUSES
+from rayfed.input_files import read_text
+from rayfed.report.runs import COMPLETE_STATUSES, ENDED_STATUSES
 from rayfed.sweep.select import (check_group_keys, select, selection_document, setting_keys_of,
                                  write_selection)
 from rayfed.sweep.spec import read_sweep
 
 SWEEP_FILE = "sweep.yaml"
+# A sweep.yaml holds the base config's text (at most a config file's 1 MiB) and the grid.
+MAX_SWEEP_FILE_BYTES = 2**24
 
 
 def sweep_command(items: list[str], out: str | None, metric: str | None, group_keys: list[str],
@@ -41,27 +44,32 @@ def sweep_command(items: list[str], out: str | None, metric: str | None, group_k
     (sweep_dir / "base.yaml").write_text(sweep.base_text)
     outcomes = run_sweep(sweep, sweep_dir, progress)
     (sweep_dir / "status.json").write_text(json.dumps(outcomes, indent=2) + "\n")
-    failed = {name: outcome for name, outcome in outcomes.items() if outcome["status"] not in COMPLETE_STATUSES}
-    print(f"rayfed: sweep {sweep_dir}: {len(outcomes) - len(failed)} of {len(outcomes)} trials finished")
-    for outcome in failed.values():
+    others = [outcome for outcome in outcomes.values() if outcome["status"] not in COMPLETE_STATUSES]
+    print(f"rayfed: sweep {sweep_dir}: {len(outcomes) - len(others)} of {len(outcomes)} trials finished")
+    for outcome in others:
         print(f"  {outcome['status']}: {outcome['point']}: {outcome.get('reason', '')}".rstrip(": "))
     if metric:
         rows = select(sweep, sweep_dir / "trials", metric, group_keys)
         table = write_selection(sweep_dir, selection_document(rows, metric, group_keys,
-                                                              setting_keys_of(sweep.grid, group_keys)))
+                                                              setting_keys_of(sweep.parsed, group_keys)))
         print(table, end="")
-    return 1 if failed else 0
+    # A trial that diverged is a result of its setting (a learning rate too large), not a failure of the sweep.
+    return 1 if any(outcome["status"] not in ENDED_STATUSES for outcome in others) else 0
 
 
 def _claim(sweep_dir: Path, description: str) -> None:
     """A sweep directory holds one sweep: the same command again continues it."""
     recorded = sweep_dir / SWEEP_FILE
     if recorded.is_file():
-        if recorded.read_text() != description:
+        if read_text(recorded, str(recorded), MAX_SWEEP_FILE_BYTES) != description:
             raise ConfigError(f"{sweep_dir} holds another sweep (its {SWEEP_FILE} differs); choose another --out")
         return
-    if sweep_dir.exists() and (not sweep_dir.is_dir() or any(sweep_dir.iterdir())):
-        raise ConfigError(f"{sweep_dir} exists and is not a sweep directory; choose another --out")
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    recorded.write_text(description)
+    try:
+        if sweep_dir.exists() and (not sweep_dir.is_dir() or any(sweep_dir.iterdir())):
+            raise ConfigError(f"{sweep_dir} exists and is not a sweep directory; choose another --out")
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        recorded.write_text(description)
+    except OSError as error:
+        raise ConfigError(f"cannot make the sweep directory {sweep_dir} ({error.strerror or error}); "
+                          f"choose another --out") from None
     print(f"rayfed: sweep directory {sweep_dir}", file=sys.stderr)

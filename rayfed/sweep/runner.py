@@ -25,17 +25,20 @@ from rayfed.config import Config
 from rayfed.preflight import load_config
 from rayfed.engine.ray import connect_ray
 from rayfed.engine.server import server_reserved_gpus
-from rayfed.errors import first_line
+from rayfed.errors import ConfigError, RunStopped, first_line
+from rayfed.input_files import read_text
 from rayfed.provenance import CAPS
 from rayfed.metrics import read_summary, run_status
-from rayfed.sweep.spec import Sweep, Trial
+from rayfed.report.runs import COMPLETE_STATUSES, ENDED_STATUSES
+from rayfed.sweep.spec import Sweep, Trial, shortened
 
 # The trial's driver and the server (an actor, or in the driver) mostly wait: a sliver of a CPU each.
 DRIVER_CPUS = 0.01
-# Statuses (summary.json) of runs a sweep keeps as they are when run again: those that ended
-# (a callback's stop and a reached target are ends too).
-KEPT_STATUSES = ("finished", "reached_target", "stopped", "diverged")
 FAILED = "failed"
+# Tune's own directory per trial (under tune/) is named by the trial, at most this long.
+MAX_TUNE_DIR_NAME = 100
+# A trial's .failed file holds one line, why it failed.
+MAX_REASON_BYTES = 2**16
 
 
 def trial_bundles(config: Config) -> list[dict[str, float]]:
@@ -74,22 +77,30 @@ def run_trial(tune_config: dict) -> None:
     for name, value in spec["environment"].items():
         os.environ.setdefault(name, value)
     run_dir = Path(spec["run_dir"])
-    status = trial_status(run_dir)
+    failure = run_dir.parent / f"{run_dir.name}.failed"
     try:
-        if status not in KEPT_STATUSES:
+        if trial_status(run_dir) not in ENDED_STATUSES:
             if has_checkpoint(run_dir):
                 rayfed.resume(run_dir, progress=False)
             else:
                 shutil.rmtree(run_dir, ignore_errors=True)     # a start without a checkpoint starts again
                 rayfed.run(load_config(spec["base"], spec["overrides"]), run_dir=run_dir, progress=False)
-        (run_dir.parent / f"{run_dir.name}.failed").unlink(missing_ok=True)
+    except RunStopped as stopped:
+        # A run that ended by itself (it diverged) is the trial's result, which its summary.json holds.
+        if trial_status(run_dir) not in ENDED_STATUSES:
+            _record_failure(failure, stopped)
+            raise
     except BaseException as error:
-        reason = first_line(error)
-        (run_dir.parent / f"{run_dir.name}.failed").write_text(f"{type(error).__name__}: {reason}\n")
+        _record_failure(failure, error)
         raise
-    summary = read_summary(run_dir)
+    failure.unlink(missing_ok=True)
+    summary = read_summary(run_dir) or {}
     tune.report({key: _finite(summary.get(key)) for key in ("best_test_accuracy", "final_test_accuracy",
                                                                  "rounds_completed")})
+
+
+def _record_failure(failure: Path, error: BaseException) -> None:
+    failure.write_text(f"{type(error).__name__}: {first_line(error)}\n")
 
 
 def _finite(value):
@@ -100,7 +111,7 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, progress: bool) -> dict[str, dict]:
     """Runs every trial not already done; returns each trial's status and, if it failed, why."""
     trials_dir = sweep_dir / "trials"
     trials_dir.mkdir(exist_ok=True)
-    pending = [trial for trial in sweep.trials if trial_status(trials_dir / trial.name) not in KEPT_STATUSES]
+    pending = [trial for trial in sweep.trials if trial_status(trials_dir / trial.name) not in ENDED_STATUSES]
     if pending:
         _run_trials(sweep, pending, sweep_dir, progress)
     return {trial.name: _outcome(trials_dir, trial) for trial in sweep.trials}
@@ -158,7 +169,8 @@ def _run_trials(sweep: Sweep, pending: list[Trial], sweep_dir: Path, progress: b
         trainable = tune.with_resources(run_trial, lambda tune_config: resources[tune_config["spec"]["name"]])
         tuner = tune.Tuner(
             trainable, param_space={"spec": tune.grid_search(specs)},
-            tune_config=tune.TuneConfig(trial_dirname_creator=lambda trial: trial.config["spec"]["name"][:100]),
+            tune_config=tune.TuneConfig(trial_dirname_creator=lambda trial: shortened(trial.config["spec"]["name"],
+                                                                                        MAX_TUNE_DIR_NAME)),
             run_config=tune.RunConfig(name="tune", storage_path=str((sweep_dir / "tune").resolve()), verbose=0,
                                       callbacks=[TrialProgress(len(sweep.trials), len(sweep.trials) - len(pending),
                                                                progress)],
@@ -181,7 +193,16 @@ def _trial_environment(sweep_dir: Path) -> dict[str, str]:
 
 def _outcome(trials_dir: Path, trial: Trial) -> dict:
     failure = trials_dir / f"{trial.name}.failed"
-    status = trial_status(trials_dir / trial.name)
     if failure.exists():
-        return {"status": FAILED, "reason": failure.read_text().strip(), "point": trial.label}
-    return {"status": status or "not run", "point": trial.label}
+        try:
+            reason = read_text(failure, failure.name, MAX_REASON_BYTES).strip()
+        except ConfigError as error:
+            reason = str(error)
+        return {"status": FAILED, "reason": reason, "point": trial.label}
+    summary = read_summary(trials_dir / trial.name)
+    if summary is None:
+        return {"status": "not run", "point": trial.label}
+    outcome = {"status": run_status(summary), "point": trial.label}
+    if outcome["status"] not in COMPLETE_STATUSES and isinstance(summary.get("stopped_because"), str):
+        outcome["reason"] = summary["stopped_because"]
+    return outcome

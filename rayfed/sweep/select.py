@@ -11,13 +11,17 @@ from pathlib import Path
 
 from rayfed.config import all_keys
 from rayfed.errors import ConfigError
+from rayfed.input_files import read_json
 from rayfed.metrics import read_summary, run_status
 from rayfed.report.runs import COMPLETE_STATUSES, read_config
+from rayfed.sweep.grid import Grid, position, varied_keys
 from rayfed.sweep.spec import Sweep
 
 SELECTION_MD = "selection.md"
 SELECTION_JSON = "selection.json"
 TRIALS = "trials"
+# A group's row lists the settings compared and the chosen trials: a few hundred bytes per trial.
+MAX_SELECTION_BYTES = 2**26
 
 
 @dataclass(frozen=True)
@@ -36,27 +40,24 @@ def check_group_keys(group_keys: list[str]) -> None:
             raise ConfigError(f"--group {key} is not a config key")
 
 
-def varied_keys(grid: dict) -> list[str]:
-    """The grid's keys that take more than one value, but the seed: what tells its settings apart."""
-    return [key for key, values in grid.items() if key != "seed" and len(values) > 1]
-
-
-def setting_keys_of(grid: dict, group_keys: list[str]) -> list[str]:
+def setting_keys_of(grid: Grid, group_keys: list[str]) -> list[str]:
     return [key for key in varied_keys(grid) if key not in group_keys]
 
 
 def select(sweep: Sweep, trials_dir: Path, metric: str, group_keys: list[str]) -> list[dict]:
     """One row per group, in grid order (see `choose`), for the sweep's own trials."""
-    setting_keys = setting_keys_of(sweep.grid, group_keys)
+    setting_keys = setting_keys_of(sweep.parsed, group_keys)
     candidates = []
     for trial in sweep.trials:
-        config, point = trial.config.to_dict(), dict(trial.point)
+        # The resolved values, as the trials' config.yaml holds them for `select_from_trials`; a key
+        # of another alternative's (another method's hyper-parameter) is None in this one's setting.
+        config = trial.config.to_dict()
         candidates.append(Candidate(trial.name, tuple(_dotted(config, key) for key in group_keys),
-                                    tuple(point[key] for key in setting_keys), trial.config.seed))
+                                    tuple(_dotted(config, key) for key in setting_keys), trial.config.seed))
     return choose(candidates, trials_dir, metric, group_keys, setting_keys)
 
 
-def select_from_trials(sweep_dir: Path, grid: dict, metric: str, group_keys: list[str]) -> list[dict]:
+def select_from_trials(sweep_dir: Path, grid: Grid, metric: str, group_keys: list[str]) -> list[dict]:
     """The same rows from what a sweep directory holds (sweep.yaml's grid and the trials' config.yaml),
     without the sweep file or the configs it resolves: the report reads directories that outlived both."""
     setting_keys = setting_keys_of(grid, group_keys)
@@ -67,7 +68,7 @@ def select_from_trials(sweep_dir: Path, grid: dict, metric: str, group_keys: lis
             continue
         candidate = Candidate(path.name, tuple(config.get(key) for key in group_keys),
                               tuple(config.get(key) for key in setting_keys), config.get("seed"))
-        placed.append((_grid_position(grid, config), candidate))
+        placed.append((position(grid, config), candidate))
     # Directory names sort lexically, not in the grid's order, which decides ties as `rayfed sweep` does.
     placed.sort(key=lambda item: item[0])
     return choose([candidate for _, candidate in placed], sweep_dir / TRIALS, metric, group_keys, setting_keys)
@@ -135,8 +136,10 @@ def selection_markdown(document: dict) -> str:
     lines = [f"Selected {document['criterion']}.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        cells = [*map(str, row["group"].values()), *map(str, row["setting"].values()),
-                 f"{row[f'mean_{metric}']:.4f}", str(row["seeds"])]
+        # None: a key of another alternative's (another method's hyper-parameter).
+        values = [*row["group"].values(), *row["setting"].values()]
+        cells = [*("–" if value is None else str(value) for value in values), f"{row[f'mean_{metric}']:.4f}",
+                 str(row["seeds"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -147,8 +150,8 @@ def read_selection(sweep_dir: Path) -> dict | None:
     path = sweep_dir / SELECTION_JSON
     if not path.exists():
         return None
+    document = read_json(path, str(path), MAX_SELECTION_BYTES)
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
         metric = document["metric"]
         if not (isinstance(metric, str) and isinstance(document["criterion"], str)
                 and isinstance(document["groups"], list)):
@@ -160,7 +163,7 @@ def read_selection(sweep_dir: Path) -> dict | None:
             if not (isinstance(row["group"], dict) and isinstance(row["setting"], dict)
                     and isinstance(row["compared"], list) and isinstance(row[f"mean_{metric}"], (int, float))):
                 raise TypeError(row)
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         raise ConfigError(f"{path} is not a selection written by rayfed sweep --select") from None
     for row in document["groups"]:
         for trial in row["trials"]:
@@ -169,13 +172,10 @@ def read_selection(sweep_dir: Path) -> dict | None:
     return document
 
 
-def _grid_position(grid: dict, config: dict) -> tuple:
-    """Where a trial's point comes in the grid's expansion; a value the grid does not list goes last."""
-    return tuple(next((i for i, option in enumerate(options) if option == config.get(key)), len(options))
-                 for key, options in grid.items())
-
-
 def _dotted(config: dict, key: str):
+    """The value of a dotted key in a nested config; None where its alternative's section lacks it."""
     for part in key.split("."):
+        if not isinstance(config, dict) or part not in config:
+            return None
         config = config[part]
     return config

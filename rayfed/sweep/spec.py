@@ -1,5 +1,6 @@
 """A sweep file: a base config (a path, or a mapping inline) and a grid of dotted keys to lists of
-values. Every point of the grid is one trial: `rayfed run BASE overrides... point...`.
+values (`rayfed.sweep.grid`, where sections take alternatives with sub-grids of their own). Every
+point of the grid is one trial: `rayfed run BASE overrides... point...`.
 
     base: experiments/gradma/synthetic_dirichlet.yaml
     grid:
@@ -10,7 +11,6 @@ values. Every point of the grid is one trial: `rayfed run BASE overrides... poin
 from __future__ import annotations
 
 import hashlib
-import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +19,8 @@ import yaml
 from rayfed.config import Config, check_path
 from rayfed.preflight import load_config
 from rayfed.errors import ConfigError
+from rayfed.input_files import read_yaml
+from rayfed.sweep.grid import Grid, Point, parse_grid, points
 
 SWEEP_KEYS = ("base", "grid")
 # A trial's directory is named by its point while that stays a readable file name.
@@ -28,7 +30,7 @@ MAX_TRIAL_NAME = 150
 @dataclass(frozen=True)
 class Trial:
     name: str
-    point: tuple[tuple[str, object], ...]   # the grid's (key, value) pairs, in the file's order
+    point: Point                            # the grid's (key, value) pairs, in the file's order
     overrides: tuple[str, ...]              # the command line's overrides, then the point's
     config: Config                          # resolved: what the trial's run directory will hold
 
@@ -40,7 +42,8 @@ class Trial:
 @dataclass(frozen=True)
 class Sweep:
     base_text: str          # the base config as YAML text, as every trial reads it
-    grid: dict[str, list]
+    grid: dict              # as the sweep file gives it
+    parsed: Grid
     overrides: tuple[str, ...]
     trials: list[Trial]
 
@@ -54,21 +57,19 @@ def read_sweep(path: str, overrides: list[str], base_copy: Path) -> Sweep:
     """Reads and expands the sweep file, and validates every point by resolving its config; the
     base config is written to `base_copy` (trials read it from there). Raises ConfigError."""
     check_path("sweep file", path)
-    if not Path(path).is_file():
-        raise ConfigError(f"sweep file {path} does not exist")
-    try:
-        spec = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError) as error:
-        raise ConfigError(f"sweep file {path} is not valid YAML ({type(error).__name__})") from None
+    spec = read_yaml(path, f"sweep file {path}")
     if not isinstance(spec, dict) or set(spec) - set(SWEEP_KEYS) or "grid" not in spec:
         raise ConfigError(f"sweep file {path} must be a mapping with the keys base (a config file or mapping; "
                           f"optional) and grid (dotted keys to lists of values)")
     base_text = _base_text(spec.get("base"), Path(path))
-    grid = _grid(spec["grid"], path)
+    grid = parse_grid(spec["grid"], f"sweep file {path}")
     base_copy.write_text(base_text)
-    trials = [_trial(base_copy, tuple(overrides), tuple(zip(grid, values)))
-              for values in itertools.product(*grid.values())]
-    return Sweep(base_text, grid, tuple(overrides), trials)
+    trials = [_trial(base_copy, tuple(overrides), point) for point in points(grid)]
+    named: dict[str, Trial] = {}
+    for trial in trials:
+        if named.setdefault(trial.name, trial) is not trial:
+            raise ConfigError(f"sweep file {path}: the grid gives the point ({trial.label}) twice")
+    return Sweep(base_text, spec["grid"], grid, tuple(overrides), trials)
 
 
 def _base_text(base, sweep_file: Path) -> str:
@@ -83,17 +84,6 @@ def _base_text(base, sweep_file: Path) -> str:
             load_config(candidate)      # its own errors, named by its own path
             return candidate.read_text(encoding="utf-8")
     raise ConfigError(f"sweep file {sweep_file}: base config {base} does not exist")
-
-
-def _grid(grid, path: str) -> dict[str, list]:
-    if not isinstance(grid, dict) or not grid:
-        raise ConfigError(f"sweep file {path}: grid must map dotted keys to lists of values, e.g. seed: [0, 1, 2]")
-    for key, values in grid.items():
-        if not isinstance(values, list) or not values:
-            raise ConfigError(f"sweep file {path}: grid key {key} must have a non-empty list of values")
-        if len({yaml.safe_dump(value) for value in values}) < len(values):
-            raise ConfigError(f"sweep file {path}: grid key {key} repeats a value")
-    return {str(key): values for key, values in grid.items()}
 
 
 def _trial(base: Path, overrides: tuple[str, ...], point: tuple[tuple[str, object], ...]) -> Trial:
@@ -112,7 +102,14 @@ def _as_override(value) -> str:
 
 
 def _name(point_overrides: tuple[str, ...]) -> str:
-    name = "__".join(point_overrides).replace("/", "_")
-    if len(name) <= MAX_TRIAL_NAME:
+    """Points' names differ where their overrides do: "%" and "/" are escaped as in a URL, and so
+    is a "__" within an override, which joins them; no override starts with "_", which no config
+    key does. A name too long for a readable file name keeps a hash of the whole."""
+    escaped = [override.replace("%", "%25").replace("/", "%2F").replace("__", "_%5F") for override in point_overrides]
+    return shortened("__".join(escaped), MAX_TRIAL_NAME)
+
+
+def shortened(name: str, limit: int) -> str:
+    if len(name) <= limit:
         return name
-    return f"{name[:MAX_TRIAL_NAME - 17]}-{hashlib.sha1(name.encode()).hexdigest()[:16]}"
+    return f"{name[:limit - 17]}-{hashlib.sha1(name.encode()).hexdigest()[:16]}"
