@@ -25,8 +25,9 @@ from rayfed.registry import PLUGIN_FILE_PREFIX, REGISTRIES, DuplicateName, Entry
 
 ENTRY_POINT_GROUP = "rayfed.plugins"
 # What each plugin (a module name or a resolved file path) was loaded as, so that one named again (a
-# second load_config, a resume, a sweep's trials in one process) is not imported twice.
-_loaded: dict[str, ModuleType] = {}
+# second load_config, a resume, a sweep's trials in one process) is not imported twice, with the SHA-256
+# of its file then: the code this process runs, even where the file has changed or gone since.
+_loaded: dict[str, tuple[ModuleType, str | None]] = {}
 _entry_points_loaded = False
 
 
@@ -46,8 +47,7 @@ def load_plugins(specs: list = ()) -> list[dict[str, str]]:
         what = record.get("path") or record["module"]
         if any(what == (earlier.get("path") or earlier["module"]) for earlier in records):
             raise ConfigError(f"plugins: {what} is listed twice")
-        module = _load_one(record, spec)
-        digest = _file_sha256(module)
+        digest = _load_one(record, spec)
         if record.get("sha256") not in (None, digest):
             raise ConfigError(f"plugin {what} changed since the run that recorded it: SHA-256 {record['sha256'][:12]}... "
                               f"then, {(digest or 'none')[:12]}... now; restore it, or drop its sha256 to run it as it "
@@ -68,12 +68,13 @@ def _record(spec) -> dict[str, str]:
     return record
 
 
-def _load_one(record: dict[str, str], spec) -> ModuleType:
+def _load_one(record: dict[str, str], spec) -> str | None:
+    """Imports the plugin `record` names (once a process); the SHA-256 of its file when it was imported."""
     if "module" in record:
         name = record["module"]
         if name not in _loaded:
-            _loaded[name] = _guarded(name, lambda: importlib.import_module(name))
-        return _loaded[name]
+            _loaded[name] = _with_digest(_guarded(name, lambda: importlib.import_module(name)))
+        return _loaded[name][1]
     path = Path(record["path"])
     shown = spec if isinstance(spec, str) else record["path"]
     if str(path) not in _loaded:
@@ -81,8 +82,12 @@ def _load_one(record: dict[str, str], spec) -> ModuleType:
             raise ConfigError(f"plugins: {shown} is not a file (a plugin is an importable module name "
                               f"or the path of a .py file)")
         # A file the user's own code imported already (import my_plugins) is that module, not a second copy.
-        _loaded[str(path)] = _imported_from(path) or _guarded(shown, lambda: _import_file(path))
-    return _loaded[str(path)]
+        _loaded[str(path)] = _with_digest(_imported_from(path) or _guarded(shown, lambda: _import_file(path)))
+    return _loaded[str(path)][1]
+
+
+def _with_digest(module: ModuleType) -> tuple[ModuleType, str | None]:
+    return module, _file_sha256(module)
 
 
 def _imported_from(path: Path) -> ModuleType | None:

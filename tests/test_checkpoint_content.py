@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import rayfed
-from rayfed.checkpoint import MAGIC
+from rayfed.checkpoint import MAGIC, read_checkpoint
 from rayfed.cli import main
 from tests.checkpoint_damage import CASES, PLUGIN, algorithms, build, load_body, rewrite
 from tests.test_engine_equivalence import assert_same_run
@@ -138,7 +138,11 @@ def test_spilled_states_are_checked_row_by_row(tmp_path, capsys, edit):
     config = rayfed.load_config(None, overrides("scaffold") + ["engine.state_memory_mb=0", "train.rounds=4"])
     run_dir = tmp_path / "run"
     rayfed.run(config, run_dir=run_dir, progress=False)
-    (run_dir / "summary.json").unlink()         # as if it had stopped after the checkpoint of round 2
+    # As if it had stopped after its checkpoint: metrics.jsonl, which says what is left, ends there.
+    kept = read_checkpoint(run_dir).rounds_completed
+    metrics = run_dir / "metrics.jsonl"
+    metrics.write_bytes(b"".join(metrics.read_bytes().splitlines(keepends=True)[:kept]))
+    (run_dir / "summary.json").unlink()
     change, every_digest, expected = SPILLED_EDITS[edit]
 
     def spoil(payload):

@@ -53,19 +53,24 @@ BROKEN_RUNS = {
 }
 
 
+def replace(path, content):
+    """`path` becomes `content`: text, a FIFO ("fifo") or a link to /dev/zero ("/dev/zero")."""
+    path.unlink(missing_ok=True)
+    if content == "fifo":
+        os.mkfifo(path)
+    elif content == "/dev/zero":
+        path.symlink_to("/dev/zero")
+    else:
+        path.write_text(content)
+
+
 @pytest.mark.parametrize("name, content, reason", BROKEN_RUNS.values(), ids=BROKEN_RUNS)
 def test_a_run_directory_that_cannot_be_read_is_one_line_and_the_rest_is_reported(tmp_path, capsys, no_hang,
                                                                                   name, content, reason):
     for seed in (0, 1):
         write_run(tmp_path / f"good{seed}", seed, FEDAVG[seed])
     broken = write_run(tmp_path / "broken", 2, FEDAVG[2]) / name
-    broken.unlink()
-    if content == "fifo":
-        os.mkfifo(broken)
-    elif content == "/dev/zero":
-        broken.symlink_to("/dev/zero")
-    else:
-        broken.write_text(content)
+    replace(broken, content)
     assert report_table(tmp_path, "--out", tmp_path / "out") == 0
     captured = capsys.readouterr()
     assert captured.err == ""
@@ -137,14 +142,7 @@ BROKEN_SWEEPS = {
 @pytest.mark.parametrize("name, content, message", BROKEN_SWEEPS.values(), ids=BROKEN_SWEEPS)
 def test_a_sweep_file_that_cannot_be_read_is_one_line_and_exit_2(sweep_dir, tmp_path, capsys, no_hang,
                                                                  name, content, message):
-    path = sweep_dir / name
-    path.unlink(missing_ok=True)
-    if content == "fifo":
-        os.mkfifo(path)
-    elif content == "/dev/zero":
-        path.symlink_to("/dev/zero")
-    else:
-        path.write_text(content)
+    replace(sweep_dir / name, content)
     assert main(["report", str(sweep_dir), "--out", str(tmp_path / "out")]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == f"rayfed: error: {sweep_dir}/{message}\n"

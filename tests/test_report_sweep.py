@@ -25,16 +25,22 @@ SELECTED = {"fedavg": 0.1, "fedprox": 0.01}
 GRID = {"algorithm.name": ["fedavg", "fedprox"], "algorithm.lr_local": [0.01, 0.1], "seed": [0, 1, 2]}
 
 
+def expanded_sweep(folder, grid):
+    """The sweep file s.yaml of `grid` in `folder`, expanded, and its sweep directory with sweep.yaml written."""
+    (folder / "s.yaml").write_text(yaml.safe_dump({"base": {"train": {"rounds": 8, "eval_every": 2}},
+                                                   "grid": grid}, sort_keys=False))
+    sweep = read_sweep("s.yaml", [], folder / "base.yaml")
+    out = folder / "out"
+    out.mkdir()
+    (out / SWEEP_FILE).write_text(sweep.describe())
+    return sweep, out
+
+
 @pytest.fixture
 def sweep_dir(tmp_path, monkeypatch):
     """A finished sweep as `rayfed sweep` leaves it (sweep.yaml, trials/), before any --select."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"base": {"train": {"rounds": 8, "eval_every": 2}},
-                                                     "grid": GRID}, sort_keys=False))
-    sweep = read_sweep("s.yaml", [], tmp_path / "base.yaml")
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / SWEEP_FILE).write_text(sweep.describe())
+    sweep, out = expanded_sweep(tmp_path, GRID)
     for trial in sweep.trials:
         point = dict(trial.point)
         key = (point["algorithm.name"], point["algorithm.lr_local"])
@@ -239,12 +245,7 @@ def methods_sweep(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     grid = {"algorithm": [{"name": name, key: values} for name, key, values, _ in METHODS],
             "algorithm.lr_local": [0.01, 0.1], "seed": [0, 1]}
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"base": {"train": {"rounds": 8, "eval_every": 2}},
-                                                     "grid": grid}, sort_keys=False))
-    sweep = read_sweep("s.yaml", [], tmp_path / "base.yaml")
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / SWEEP_FILE).write_text(sweep.describe())
+    sweep, out = expanded_sweep(tmp_path, grid)
     for trial in sweep.trials:
         point = dict(trial.point)
         name, lr, seed = point["algorithm.name"], point["algorithm.lr_local"], point["seed"]

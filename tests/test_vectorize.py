@@ -131,15 +131,20 @@ def test_batchnorm_and_dropout_clients_train_batched_as_they_would_alone(algorit
 
 def test_batchnorm_and_dropout_runs_carry_each_clients_statistics(tmp_path, cifar_lenet):
     """The same in float32 runs, uploads and partial sums: the server averages the clients' own running
-    statistics. Over 2 rounds of 2 steps (seeds 0-3 stay within 7e-7); longer float32 runs drift further
-    apart, as BatchNorm's backward magnifies rounding (docs/concepts/performance.md)."""
+    statistics. The float64 tests above hold the values to 1e-9; in float32 a batched and a sequential
+    pass round differently (about 1e-7), and now and then that flips a ReLU or a max-pool's choice,
+    which moves the rest of the run by up to about 1e-3 (on AVX2 kernels: seed 0 here after its fourth
+    step; docs/concepts/performance.md). So the statistics are held to 1e-3 against their own movement
+    from BatchNorm's initial 0 and 1, which a run that did not carry the clients' statistics misses."""
     overrides = lenet(cifar_lenet, "train.rounds=2", "train.local_steps=2")
     sequential = run(tmp_path, overrides, "sequential")
+    initial = FlatModel(lenet5((3, 32, 32), 10)).buffers
+    assert (sequential.buffers - initial).abs().max() > 0.05
     for extra in ([], ["engine.partial_sums=true"]):
         batched = run(tmp_path, overrides + extra + ["engine.vectorize=true"], "vectorized" + "".join(extra))
         assert batched.summary["vectorized"]
-        torch.testing.assert_close(batched.params, sequential.params, rtol=RTOL, atol=ATOL)
-        torch.testing.assert_close(batched.buffers, sequential.buffers, rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(batched.params, sequential.params, rtol=0, atol=5e-3)
+        torch.testing.assert_close(batched.buffers, sequential.buffers, rtol=0, atol=1e-3)
 
 
 @pytest.mark.parametrize("algorithm, draw_of_forward", [
