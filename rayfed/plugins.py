@@ -49,9 +49,9 @@ def load_plugins(specs: list = ()) -> list[dict[str, str]]:
             raise ConfigError(f"plugins: {what} is listed twice")
         digest = _load_one(record, spec)
         if record.get("sha256") not in (None, digest):
-            raise ConfigError(f"plugin {what} changed since the run that recorded it: SHA-256 {record['sha256'][:12]}... "
-                              f"then, {(digest or 'none')[:12]}... now; restore it, or drop its sha256 to run it as it "
-                              f"is now")
+            raise ConfigError(f"plugin {what} changed since the run that recorded it: SHA-256 "
+                              f"{record['sha256'][:12]}... then, {(digest or 'none')[:12]}... now; restore it, or drop "
+                              f"its sha256 to run it as it is now")
         records.append({**record, "sha256": digest} if digest else record)
     return records
 

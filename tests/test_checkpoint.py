@@ -194,8 +194,8 @@ DAMAGES = {
                                "metrics.jsonl line 2 is not JSON"),
     "metrics lines out of order": (lambda d, o: edit_metrics(d, lambda lines: [lines[1], lines[0], *lines[2:]]),
                                    "metrics.jsonl line 1 is not the record of round 1"),
-    "a metrics line nested past JSON's depth": (lambda d, o: edit_metrics(d, lambda lines: [lines[0], "[" * 100000 + "\n",
-                                                                                       *lines[2:]]),
+    "a metrics line nested past JSON's depth": (lambda d, o: edit_metrics(
+        d, lambda lines: [lines[0], "[" * 100000 + "\n", *lines[2:]]),
                                                 "metrics.jsonl line 2 is not JSON"),
     "fewer metrics lines than the checkpoint's rounds": (lambda d, o: edit_metrics(d, lambda lines: lines[:2]),
                                                          "metrics.jsonl has 2 rounds but checkpoint.pt has 4"),
@@ -250,8 +250,9 @@ def test_resume_arguments_and_finished_runs(tmp_path, capsys):
     assert main(["run", "--resume", str(tmp_path / "nowhere")]) == 2
     assert "is not a run directory" in capsys.readouterr().err
     assert main(["run", "--resume", str(done), "seed=3"]) == 2
-    assert capsys.readouterr().err == ("rayfed: error: seed cannot change on resume: it decides the run's bits (a resume "
-                                       "may change train.rounds and logging.*); start a new run to change it\n")
+    assert capsys.readouterr().err == ("rayfed: error: seed cannot change on resume: it decides the run's bits "
+                                       "(a resume may change train.rounds and logging.*); start a new run to change "
+                                       "it\n")
     assert main(["run", "--resume", str(done), "train.rounds=3"]) == 2
     assert capsys.readouterr().err == (f"rayfed: error: train.rounds=3 must be above the 4 rounds "
                                        f"{done / 'metrics.jsonl'} records\n")
@@ -284,8 +285,8 @@ def test_a_resume_drops_a_raising_callback_and_may_not_change_the_maths(tmp_path
     whole = rayfed.run(rayfed.load_config(None, overrides), run_dir=tmp_path / "whole", progress=False)
     run_dir = tmp_path / "stuck"
     with pytest.raises(rayfed.RunStopped):
-        rayfed.run(rayfed.load_config(None, overrides + ["logging.callbacks=[tests.test_checkpoint.RaisesFromRoundFive]"]),
-                   run_dir=run_dir, progress=False)
+        raising = "logging.callbacks=[tests.test_checkpoint.RaisesFromRoundFive]"
+        rayfed.run(rayfed.load_config(None, overrides + [raising]), run_dir=run_dir, progress=False)
     with pytest.raises(rayfed.RunStopped):
         rayfed.resume(run_dir, progress=False)
     resumed = rayfed.resume(run_dir, progress=False, overrides=["logging.callbacks=[]", "logging.tensorboard=true"])

@@ -170,4 +170,6 @@ def callback_name(callback: Any) -> str:
     if kind.__module__ in ("__main__", "builtins"):
         return kind.__qualname__
     source = plugin_source(kind.__module__)
-    return f"{kind.__qualname__} (in {source})" if source != kind.__module__ else f"{kind.__module__}.{kind.__qualname__}"
+    if source != kind.__module__:
+        return f"{kind.__qualname__} (in {source})"
+    return f"{kind.__module__}.{kind.__qualname__}"
