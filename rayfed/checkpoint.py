@@ -42,7 +42,8 @@ from rayfed.config import Config
 from rayfed.engine.messages import ClientResult
 from rayfed.engine.state_store import CHECKPOINT_DIR
 from rayfed.errors import ConfigError
-from rayfed.metrics import METRICS
+from rayfed.input_files import parse_json
+from rayfed.metrics import METRICS, round_record
 from rayfed.registry import ALGORITHMS
 from rayfed.systems.async_buffer import AsyncBuffer, InFlight
 
@@ -265,8 +266,8 @@ def _is_shard(shard: Any) -> bool:
 
 def _parse_header(path: Path, line: bytes) -> dict:
     try:
-        header = json.loads(line)
-    except (ValueError, RecursionError):       # not JSON, not UTF-8, or nested past the parser's depth
+        header = parse_json(line, "header")
+    except ConfigError:
         header = None
     fields = {**HEADER_FIELDS, "sha256": str}
     if not isinstance(header, dict) or not set(fields) <= set(header) <= {*fields, *OPTIONAL_HEADER_FIELDS} \
@@ -308,11 +309,9 @@ def lines_before(run_dir: Path, checkpoint: Checkpoint) -> list[bytes]:
     lines = path.read_bytes().splitlines(keepends=True)[:checkpoint.rounds_completed]
     for number, line in enumerate(lines, start=1):
         try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):
-            raise ConfigError(f"{path} line {number} is not JSON") from None
-        if not isinstance(record, dict) or record.get("round") != number:
-            raise ConfigError(f"{path} line {number} is not the record of round {number}")
+            round_record(line, number)
+        except ConfigError as error:
+            raise ConfigError(f"{path} {error}") from None
     if len(lines) < checkpoint.rounds_completed:
         raise ConfigError(f"{path} has {len(lines)} rounds but {CHECKPOINT} has {checkpoint.rounds_completed}")
     if hashlib.sha256(b"".join(lines)).hexdigest() != checkpoint.metrics_sha256:

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from rayfed.errors import ConfigError
-from rayfed.input_files import read_json
+from rayfed.input_files import parse_json, read_json
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
@@ -131,18 +131,28 @@ def read_summary(run_dir: Path) -> dict | None:
     return summary if isinstance(summary, dict) else None
 
 
+def round_record(line: bytes, number: int) -> dict:
+    """metrics.jsonl's line `number` (1-based) as the record of that round; a ConfigError saying which
+    it is not (JSON within rayfed's bounds, or that round's record)."""
+    try:
+        # NaN too: metrics written before rayfed wrote undefined numbers as null hold it.
+        record = parse_json(line, f"line {number}", constants=True)
+    except ConfigError:
+        raise ConfigError(f"line {number} is not JSON") from None
+    if not isinstance(record, dict) or record.get("round") != number:
+        raise ConfigError(f"line {number} is not the record of round {number}")
+    return record
+
+
 def recorded_rounds(run_dir: Path) -> Iterator[dict]:
     """metrics.jsonl's records of rounds 1, 2, ... up to the first line that is not the next round's."""
     try:
         with open(run_dir / METRICS, "rb") as file:
             for number, line in enumerate(file, start=1):
                 try:
-                    record = json.loads(line)
-                except (ValueError, RecursionError):
+                    yield round_record(line, number)
+                except ConfigError:
                     return
-                if not isinstance(record, dict) or record.get("round") != number:
-                    return
-                yield record
     except OSError:
         return
 
