@@ -28,13 +28,11 @@ FULL_GRADIENT_CHUNK = 1024
 
 
 def vectorize_blocker(algorithm_name: str, algorithm: Algorithm, module: nn.Module,
-                      steps_differ_between_clients: bool = False, compressed: bool = False,
+                      steps_differ_between_clients: bool = False,
                       sizes_differ_between_clients: bool = False) -> str | None:
     """Why this algorithm and model cannot train clients as one batch; None when they can."""
     if not algorithm.vectorizable:
-        return f"algorithm {algorithm_name} has no batched local step (its clients keep state or correct their steps)"
-    if compressed:
-        return "compressed uploads are encoded client by client, each from its own stream"
+        return f"algorithm {algorithm_name} has no batched local step (it does not declare vectorizable)"
     if steps_differ_between_clients:
         return ("local epochs give this partition's clients different numbers of local steps, which one "
                 "batched computation does not take")
