@@ -49,3 +49,25 @@ def test_a_failing_run_leaves_the_others_to_finish(tmp_path):
     mixed = pack.run([fails, lambda: rayfed.run(config, run_dir=tmp_path / "next", progress=False)])
     assert isinstance(mixed[0], ValueError) and str(mixed[0]) == "no data"
     assert torch.equal(mixed[1].params, outcomes[0].params)
+
+
+def test_sweep_trials_pack_where_only_seeds_and_floats_differ():
+    from rayfed.sweep.pack import packs
+    from rayfed.sweep.spec import Trial
+
+    def trial(name, overrides):
+        return Trial(name, (), tuple(overrides), rayfed.load_config(None, overrides))
+
+    batched = ["engine.vectorize=true", "engine.backend=local"]
+    trials = [trial("a", batched + ["algorithm.lr_local=0.1"]),
+              trial("b", batched + ["algorithm.lr_local=0.2", "seed=3"]),
+              trial("c", batched + ["train.rounds=7"]), trial("d", ["engine.backend=local", "algorithm.lr_local=0.3"]),
+              trial("e", batched + ["algorithm.lr_local=0.3"]), trial("f", batched + ["train.rounds=7", "seed=2"]),
+              trial("g", batched + ["algorithm.name=fedprox"])]
+
+    def names(limit):
+        return [[t.name for t in pack] for pack in packs(trials, limit)]
+
+    assert names(5) == [["a", "b", "e"], ["c", "f"], ["d"], ["g"]]
+    assert names(2) == [["a", "b"], ["c", "f"], ["d"], ["e"], ["g"]]
+    assert names(1) == [[name] for name in "abcdefg"]
