@@ -342,10 +342,8 @@ def _without_unsupported_vectorize(config: Config, dataset, partition: Partition
     algorithm = build_algorithm(config.algorithm, context)
     schedule = LocalSchedule.from_config(config.train)
     # Step counts scale alike in every round, so round 0's tell whether they ever differ.
-    sizes = np.unique(partition.sizes)
-    steps_differ = len({schedule.steps(0, int(size)) for size in sizes}) > 1
-    reason = vectorize_blocker(config.algorithm.name, algorithm, model, steps_differ,
-                               sizes_differ_between_clients=len(sizes) > 1)
+    steps_differ = len({schedule.steps(0, int(size)) for size in np.unique(partition.sizes)}) > 1
+    reason = vectorize_blocker(config.algorithm.name, algorithm, model, steps_differ)
     if reason is None:
         return config
     print(f"rayfed: engine.vectorize: {reason}; training clients one after another", file=sys.stderr)

@@ -5,8 +5,9 @@ are (clients, d), a batch is every client's next minibatch stacked, and the grad
 per client with torch.func.vmap. An algorithm whose local step is written with broadcasting
 ops (FedAvgM's local_sgd) then trains all clients at once, unchanged. Each client keeps its own
 parameters, minibatch stream, sample count, BatchNorm running statistics and dropout stream, so
-results equal sequential training up to floating-point reordering inside the batched kernels (BatchNorm
-and dropout models batch only where every client holds the same number of samples).
+results equal sequential training up to floating-point reordering inside the batched kernels. Where
+clients' minibatches differ in length, BatchNorm normalises each client with the statistics of its real
+rows alone and dropout draws each client's masks for its real rows, as its sequential pass does.
 """
 from __future__ import annotations
 
@@ -29,8 +30,7 @@ FULL_GRADIENT_CHUNK = 1024
 
 
 def vectorize_blocker(algorithm_name: str, algorithm: Algorithm, module: nn.Module,
-                      steps_differ_between_clients: bool = False,
-                      sizes_differ_between_clients: bool = False) -> str | None:
+                      steps_differ_between_clients: bool = False) -> str | None:
     """Why this algorithm and model cannot train clients as one batch; None when they can."""
     if not algorithm.vectorizable:
         return f"algorithm {algorithm_name} has no batched local step (it does not declare vectorizable)"
@@ -41,12 +41,6 @@ def vectorize_blocker(algorithm_name: str, algorithm: Algorithm, module: nn.Modu
     if layers:
         return (f"the model has {', '.join(layers)} layers, whose per-client statistics and random streams "
                 f"a batched computation does not reproduce")
-    sized = sorted({type(layer).__name__ for layer in module.modules()
-                    if isinstance(layer, (nn.modules.batchnorm._BatchNorm, nn.Dropout))})
-    if sized and sizes_differ_between_clients:
-        return (f"the model's {', '.join(sized)} layers need every client's minibatch of one size (BatchNorm's "
-                f"statistics would count padding rows, and dropout would draw masks for them): this partition's "
-                f"clients hold different numbers of samples")
     return None
 
 
@@ -70,12 +64,14 @@ class Layout:
 
 
 class PassState:
-    """What the rebuilt layers of one model share during a pass: the dropout masks still to apply and the
-    batch statistics reported so far, both in call order; while `layout` is set (a probe on the meta
-    device), the layers record what they are called with there instead."""
+    """What the rebuilt layers of one model share during a pass: the dropout masks still to apply, the
+    batch statistics reported so far, both in call order, and `rows`, the client's row weights (1 for
+    its own rows, 0 for padding) where the batch is padded, else None; while `layout` is set (a probe
+    on the meta device), the layers record what they are called with there instead."""
 
     def __init__(self):
         self.masks: deque[Tensor] = deque()
+        self.rows: Tensor | None = None
         self.statistics: list[tuple[Tensor, Tensor]] = []
         self.layout: Layout | None = None
 
@@ -83,8 +79,10 @@ class PassState:
 class BatchStatistics(nn.Module):
     """A BatchNorm layer in train mode that normalises with its batch's statistics and reports them
     (mean, unbiased variance) instead of updating its running statistics in place, which a function
-    under torch.func.grad cannot do to a tensor it does not differentiate. `index` is None for a
-    layer that keeps no running statistics."""
+    under torch.func.grad cannot do to a tensor it does not differentiate. In a padded batch the
+    statistics are those of the client's real rows (dim 0), as BatchNorm computes them on its unpadded
+    batch; padding rows are normalised with them too, which keeps their outputs finite. `index` is None
+    for a layer that keeps no running statistics."""
 
     def __init__(self, norm: nn.modules.batchnorm._BatchNorm, state: PassState, index: int | None):
         super().__init__()
@@ -94,13 +92,33 @@ class BatchStatistics(nn.Module):
         self.index = index
 
     def forward(self, inputs: Tensor) -> Tensor:
-        if self.index is not None and self.state.layout is not None:
-            self.state.layout.norms.append(self.index)
-        elif self.index is not None:
+        if self.state.layout is not None:
+            if self.index is not None:
+                self.state.layout.norms.append(self.index)
+            return F.batch_norm(inputs, None, None, self.weight, self.bias, True, 0.0, self.eps)
+        if self.state.rows is not None:
+            return self._over_rows(inputs, self.state.rows)
+        if self.index is not None:
             dims = [0, *range(2, inputs.dim())]
             detached = inputs.detach()
             self.state.statistics.append((detached.mean(dims), detached.var(dims, correction=1)))
         return F.batch_norm(inputs, None, None, self.weight, self.bias, True, 0.0, self.eps)
+
+    def _over_rows(self, inputs: Tensor, rows: Tensor) -> Tensor:
+        """Batch normalisation with the mean and biased variance of the rows weighted 1 in `rows`."""
+        dims = [0, *range(2, inputs.dim())]
+        per_channel = [1, -1, *[1] * (inputs.dim() - 2)]
+        weights = rows.to(inputs.dtype).view(-1, *[1] * (inputs.dim() - 1))
+        count = rows.sum().to(inputs.dtype) * (inputs[0, 0].numel())
+        mean = (inputs * weights).sum(dims, keepdim=True) / count
+        centred = inputs - mean
+        squares = (centred.square() * weights).sum(dims, keepdim=True)
+        if self.index is not None:
+            self.state.statistics.append((mean.detach().flatten(), squares.detach().flatten() / (count - 1)))
+        outputs = centred * torch.rsqrt(squares / count + self.eps)
+        if self.weight is not None:
+            outputs = outputs * self.weight.view(per_channel) + self.bias.view(per_channel)
+        return outputs
 
 
 class MaskedDropout(nn.Module):
@@ -141,14 +159,17 @@ class BatchedModule:
         self.probe = _rebuilt(copy.deepcopy(module).to("meta"), self.probe_state)
         self.layouts: dict[tuple, Layout] = {}
 
-    def __call__(self, named: dict[str, Tensor], inputs: Tensor,
-                 masks: tuple[Tensor, ...]) -> tuple[Tensor, tuple[tuple[Tensor, Tensor], ...]]:
+    def __call__(self, named: dict[str, Tensor], inputs: Tensor, masks: tuple[Tensor, ...],
+                 rows: Tensor | None = None) -> tuple[Tensor, tuple[tuple[Tensor, Tensor], ...]]:
         """Logits, with `masks` applied in dropout-call order, and the (mean, variance) of each call of a
-        tracking BatchNorm layer, in call order (Layout.norms)."""
+        tracking BatchNorm layer, in call order (Layout.norms); `rows`: the client's row weights where
+        the batch is padded (PassState.rows)."""
         self.state.masks = deque(masks)
+        self.state.rows = rows
         logits = functional_call(self.module, named, (inputs,))
         statistics = tuple(self.state.statistics)
-        self.state.statistics = []     # tensors of a transform's levels, invalid once it returns
+        # tensors of a transform's levels, invalid once it returns
+        self.state.statistics, self.state.rows = [], None
         return logits, statistics
 
     def layout(self, inputs: Tensor) -> Layout:
@@ -239,14 +260,16 @@ class ClientBatchTask:
         return inputs, task.train_y[padded], weights.to(torch.float32)     # float even for token inputs
 
     def loss_and_grad(self, params: Tensor, batch: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-        return self._pass(params, batch, self._draw_masks(batch[0][0]))
+        lengths = _lengths(batch[2])
+        return self._pass(params, batch, lengths, self._draw_masks(batch[0][0], lengths))
 
     def paired_loss_and_grad(self, current: Tensor, previous: Tensor,
                              batch: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         """Both passes with the same dropout masks, as ClientTask.paired_loss_and_grad."""
-        masks = self._draw_masks(batch[0][0])
-        loss, grad = self._pass(current, batch, masks)
-        return loss, grad, self._pass(previous, batch, masks)[1]
+        lengths = _lengths(batch[2])
+        masks = self._draw_masks(batch[0][0], lengths)
+        loss, grad = self._pass(current, batch, lengths, masks)
+        return loss, grad, self._pass(previous, batch, lengths, masks)[1]
 
     def full_loss_and_grad(self, params: Tensor) -> tuple[Tensor, Tensor]:
         """Each client's mean loss and gradient over all its samples, FULL_GRADIENT_CHUNK columns at a time;
@@ -259,40 +282,44 @@ class ClientBatchTask:
             chunk = [r[start:start + FULL_GRADIENT_CHUNK] for r in rows]
             present = [i for i, c in enumerate(chunk) if len(c)]
             inputs, targets, weights = self._stacked([chunk[i] for i in present], augment=False)
-            masks = self._draw_masks(inputs[0], present)
-            grads, (losses, _) = self._per_client_grad(params[present], inputs, targets, weights, masks)
+            lengths = _lengths(weights)
+            masks = self._draw_masks(inputs[0], lengths, present)
+            grads, (losses, _) = self._per_client_grad(params[present], inputs, targets, weights, masks,
+                                                       _padded(weights, lengths))
             sizes = weights.sum(dim=1)
             loss_sum[present] += losses.detach().double() * sizes.double()
             grad_sum[present] += grads * sizes[:, None]
         return (loss_sum / counts.double()).float(), grad_sum.div_(counts[:, None])
 
-    def _pass(self, params: Tensor, batch: tuple[Tensor, Tensor, Tensor],
+    def _pass(self, params: Tensor, batch: tuple[Tensor, Tensor, Tensor], lengths: list[int],
               masks: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
-        (grads, (losses, statistics)) = self._per_client_grad(params, *batch, masks)
+        (grads, (losses, statistics)) = self._per_client_grad(params, *batch, masks, _padded(batch[2], lengths))
         if params is self.resident:
             self.batched.track(self.stacked_buffers, statistics, self.batched.layout(batch[0][0]))
         return losses.detach(), grads
 
     def _per_client_grad(self, params: Tensor, inputs: Tensor, targets: Tensor, weights: Tensor,
-                         masks: tuple[Tensor, ...]) -> tuple[Tensor, tuple]:
+                         masks: tuple[Tensor, ...], padded: bool) -> tuple[Tensor, tuple]:
         """Each client's gradient and (loss, statistics) at its row of `params`; in a pack
         (rayfed.engine.pack), computed together with the other packed runs' clients."""
         member = current_member()
         if member is None:
-            return self.per_client_grad(params, inputs, targets, weights, masks)
-        return member.per_client_pass(self._gradients_of_rows, params, inputs, targets, weights, *masks)
+            return self.per_client_grad(params, inputs, targets, weights, masks, padded=padded)
+        return member.per_client_pass(self._gradients_of_rows, params, inputs, targets, weights, *masks,
+                                      padded=padded)
 
     def _gradients_of_rows(self, params: Tensor, inputs: Tensor, targets: Tensor, weights: Tensor,
-                           *masks: Tensor) -> tuple[Tensor, tuple]:
-        return self.per_client_grad(params, inputs, targets, weights, masks)
+                           *masks: Tensor, padded: bool) -> tuple[Tensor, tuple]:
+        return self.per_client_grad(params, inputs, targets, weights, masks, padded=padded)
 
     def _loss(self, flat: Tensor, inputs: Tensor, targets: Tensor, weights: Tensor,
-              masks: tuple[Tensor, ...]) -> tuple[Tensor, tuple]:
+              masks: tuple[Tensor, ...], padded: bool) -> tuple[Tensor, tuple]:
+        """`padded` (a keyword, which vmap passes unbatched): some client's rows are padded."""
         named, offset = {}, 0
         for name, shape, size in self.shapes:
             named[name] = flat[offset:offset + size].view(shape)
             offset += size
-        logits, statistics = self.batched(named, inputs, masks)
+        logits, statistics = self.batched(named, inputs, masks, weights if padded else None)
         losses = F.cross_entropy(logits, targets, reduction="none")
         return (losses * weights).sum() / weights.sum(), statistics
 
@@ -305,25 +332,46 @@ class ClientBatchTask:
         self.generator.set_state(saved)
         return states
 
-    def _draw_masks(self, client_inputs: Tensor, clients: list[int] | None = None) -> tuple[Tensor, ...]:
-        """Each dropout call's masks for one pass of `clients` (default all) over batches shaped as
-        `client_inputs`, stacked over the clients: each client's from its own stream, by F.dropout on ones
-        of its activations' shape, so that they are the masks the client's sequential pass would draw
-        (every client's batch has that shape: vectorize_blocker refuses dropout where sizes differ)."""
+    def _draw_masks(self, client_inputs: Tensor, lengths: list[int],
+                    clients: list[int] | None = None) -> tuple[Tensor, ...]:
+        """Each dropout call's masks for one pass of `clients` (default all; `lengths`: their real rows)
+        over batches shaped as `client_inputs`, stacked over the clients: each client's from its own
+        stream, by F.dropout on ones of its activations' shape on its real rows, so that they are the
+        masks the client's sequential pass would draw; padding rows get zeros."""
         if not self.dropout_states:
             return ()
         calls = self.batched.layout(client_inputs).dropouts
-        # F.dropout's mask depends on the shape and the generator alone: one tensor of ones per call serves all.
-        ones = [torch.ones(shape, dtype=self.model.params.dtype, device=self.model.device) for _, shape in calls]
+        rows = client_inputs.shape[0]
+        if min(lengths) < rows and any(shape[0] != rows for _, shape in calls):
+            raise ValueError(f"engine.vectorize: a dropout layer's inputs have {rows} rows per batch of "
+                             f"{[shape[0] for _, shape in calls]}; clients' batches of different lengths need "
+                             f"dropout over the batch's rows")
+        # F.dropout's mask depends on the shape and the generator alone: one tensor of ones per shape serves all.
+        ones: dict[tuple[int, ...], Tensor] = {}
         saved = self.generator.get_state()
         per_call = [[] for _ in calls]
-        for client in (range(len(self.client_tasks)) if clients is None else clients):
+        for client, length in zip(range(len(self.client_tasks)) if clients is None else clients, lengths):
             self.generator.set_state(self.dropout_states[client])
-            for masks, (rate, _), call_ones in zip(per_call, calls, ones):
-                masks.append(F.dropout(call_ones, rate, training=True))
+            for masks, (rate, shape) in zip(per_call, calls):
+                own = (length, *shape[1:]) if length < rows else shape
+                if own not in ones:
+                    ones[own] = torch.ones(own, dtype=self.model.params.dtype, device=self.model.device)
+                mask = F.dropout(ones[own], rate, training=True)
+                masks.append(mask if own == shape else torch.cat([mask, mask.new_zeros((rows - length, *shape[1:]))]))
             self.dropout_states[client] = self.generator.get_state()
         self.generator.set_state(saved)
         return tuple(torch.stack(masks) for masks in per_call)
+
+
+def _lengths(weights: Tensor) -> list[int]:
+    """Each client's real rows in a stacked batch, from its row weights (ClientBatchTask._stacked)."""
+    return weights.sum(dim=1).long().tolist()
+
+
+def _padded(weights: Tensor, lengths: list[int]) -> bool:
+    """Whether some client's batch is padded: only then does BatchStatistics weight rows, so that batches of
+    one length take F.batch_norm's kernel as before."""
+    return min(lengths) < weights.shape[1]
 
 
 def _default_generator(device: torch.device) -> torch.Generator:
