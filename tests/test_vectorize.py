@@ -91,11 +91,53 @@ def test_batchnorm_clients_of_different_sizes_match_sequential_training(tmp_path
         assert vec_round["train_loss"] == pytest.approx(seq_round["train_loss"], rel=BN_RTOL)
 
 
+UNBATCHED = '''
+import rayfed
+
+
+@rayfed.register_algorithm("vectorize_test_unbatched")
+class Unbatched(rayfed.Algorithm):
+    """FedAvg's local SGD and mean, without declaring vectorizable."""
+
+    keeps_client_state = False
+
+    def __init__(self, params, context):
+        self.lr_local = params.lr_local
+
+    def server_init(self, params, num_clients):
+        return params.clone()
+
+    def broadcast(self, state):
+        return {"params": state}
+
+    def global_params(self, state):
+        return state
+
+    def client_train(self, task, down, client_state):
+        params, loss = rayfed.local_sgd(task, down["params"], self.lr_local)
+        return rayfed.Upload({"change": params - down["params"]}, task.num_samples, {"train_loss": loss}), None
+
+    def server_step(self, state, uploads, round_info):
+        return state + rayfed.weighted_average(uploads, "change", "uniform"), {}
+'''
+
+
+@pytest.fixture
+def unbatched_plugin(tmp_path, monkeypatch):
+    """The plugin file declaring an algorithm without a batched step, loaded by the runs that name it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "unbatched.py").write_text(UNBATCHED)
+    yield
+    from tests.test_plugins import forget_plugins
+    forget_plugins()
+
+
 @pytest.mark.parametrize("overrides, reason", [
-    (["algorithm.name=mifa"], "algorithm mifa has no batched local step (it does not declare vectorizable)"),
+    (["plugins=[./unbatched.py]", "algorithm.name=vectorize_test_unbatched"],
+     "algorithm vectorize_test_unbatched has no batched local step (it does not declare vectorizable)"),
     (["train.local_epochs=1", "train.batch_size=16"], "local epochs give this partition's clients different numbers"),
 ])
-def test_unbatchable_runs_say_why_and_train_sequentially(tmp_path, capsys, overrides, reason):
+def test_unbatchable_runs_say_why_and_train_sequentially(tmp_path, capsys, unbatched_plugin, overrides, reason):
     fallback = run(tmp_path, SMALL + overrides + ["engine.vectorize=true"], "fallback")
     message = capsys.readouterr().err.strip().splitlines()
     assert len(message) == 1 and reason in message[0] and "training clients one after another" in message[0]

@@ -23,8 +23,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from rayfed.algorithms.base import (FLOAT32_BYTES, Algorithm, AlgorithmContext, ClientTask, RoundInfo, Upload,
-                                    local_sgd, register_algorithm, weighted_average)
+from rayfed.algorithms.base import (FLOAT32_BYTES, Algorithm, AlgorithmContext, ClientStates, ClientTask, RoundInfo,
+                                    Upload, client_rows, local_sgd, per_client, register_algorithm, weighted_average)
 from rayfed.algorithms.objective import Linear, LocalObjective, Proximal
 from rayfed.algorithms.params import AlgorithmParams
 from rayfed.fields import Positive
@@ -58,6 +58,7 @@ class FedDyn(Algorithm):
     # The server's correction assumes every model change starts from the current x_t.
     runs_async = False
     keeps_client_state = True
+    vectorizable = True
 
     def __init__(self, params: FedDynParams, context: AlgorithmContext):
         self.lr_local = params.lr_local
@@ -76,15 +77,15 @@ class FedDyn(Algorithm):
     def global_params(self, state: FedDynServerState) -> Tensor:
         return state.params
 
-    def client_train(self, task: ClientTask, down: dict[str, Tensor],
-                     client_state: FedDynClientState | None) -> tuple[Upload, FedDynClientState]:
+    def client_train(self, task: ClientTask, down: dict[str, Tensor], client_state: FedDynClientState | None
+                     | ClientStates) -> tuple[Upload, FedDynClientState | ClientStates]:
         start = down["params"]
-        h = client_state.h if client_state is not None else torch.zeros_like(start)
+        h = client_rows(client_state, lambda state: state.h, torch.zeros_like(start))
         objective = LocalObjective(terms=(Linear(h), Proximal(self.alpha, start)))
         local, mean_loss = local_sgd(task, start, self.lr_local, objective)
         change = local - start
         return (Upload({"model_change": change}, task.num_samples, {"train_loss": mean_loss}),
-                FedDynClientState(h.sub(change, alpha=self.alpha)))
+                per_client(client_state, FedDynClientState, h=h.sub(change, alpha=self.alpha)))
 
     def server_step(self, state: FedDynServerState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[FedDynServerState, dict]:

@@ -19,8 +19,9 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from rayfed.algorithms.base import (FLOAT32_BYTES, Algorithm, AlgorithmContext, ClientTask, RoundInfo, Upload,
-                                    from_keywords, local_descent, register_algorithm, weighted_average)
+from rayfed.algorithms.base import (FLOAT32_BYTES, Algorithm, AlgorithmContext, ClientStates, ClientTask, RoundInfo,
+                                    Upload, client_rows, from_keywords, local_descent, per_client, register_algorithm,
+                                    weighted_average)
 from rayfed.algorithms.params import AlgorithmParams, RunFacts
 from rayfed.errors import ConfigError
 from rayfed.fields import Flag, number
@@ -85,6 +86,7 @@ class FedGATE(Algorithm):
     runs_async = False
     fixed: ClassVar[dict[str, Any]] = {}
     keeps_client_state = True
+    vectorizable = True
     compressed_upload = "accumulated_gradient"
     replies = True
     transient_client_fields = ("update",)
@@ -119,20 +121,25 @@ class FedGATE(Algorithm):
     def global_params(self, state: FedGATEServerState) -> Tensor:
         return state.params
 
-    def client_train(self, task: ClientTask, down: dict[str, Tensor],
-                     client_state: FedGATEClientState | None) -> tuple[Upload, FedGATEClientState]:
+    def client_train(self, task: ClientTask, down: dict[str, Tensor], client_state: FedGATEClientState | None
+                     | ClientStates) -> tuple[Upload, FedGATEClientState | ClientStates]:
         global_params = down["params"]
-        tracking = client_state.tracking if client_state is not None else torch.zeros_like(global_params)
+        tracking = client_rows(client_state, lambda state: state.tracking, torch.zeros_like(global_params))
         memory = None
         if self.memory:
-            memory = client_state.memory if client_state is not None else torch.zeros_like(global_params)
+            memory = client_rows(client_state, lambda state: state.memory, torch.zeros_like(global_params))
         lr = self.lr_local * task.lr_factor
         local, mean_loss = local_descent(task, global_params, self.lr_local,
                                          lambda grad, params, step: grad - tracking)
         update = (global_params - local) / lr                              # Delta_j = sum_c (g - delta_j)
         sent = update + memory if self.memory else update
+
+        def trained(tracking: Tensor, update: Tensor, memory: Tensor | None = None) -> FedGATEClientState:
+            return FedGATEClientState(tracking=tracking, memory=memory, update=update, steps=task.steps)
+
+        rows = {"tracking": tracking, "update": update, **({"memory": memory} if self.memory else {})}
         return (Upload({"accumulated_gradient": sent}, task.num_samples, {"train_loss": mean_loss}),
-                FedGATEClientState(tracking=tracking, memory=memory, update=update, steps=task.steps))
+                per_client(client_state, trained, **rows))
 
     def server_step(self, state: FedGATEServerState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[FedGATEServerState, dict]:

@@ -12,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import torch
 from pydantic import Field
 from torch import Tensor
 
-from rayfed.algorithms.base import (FLOAT32_BYTES, Algorithm, AlgorithmContext, ClientTask, RoundInfo, Upload,
-                                    from_keywords, local_sgd, register_algorithm)
+from rayfed.algorithms.base import (FLOAT32_BYTES, Algorithm, AlgorithmContext, ClientStates, ClientTask, RoundInfo,
+                                    Upload, client_rows, from_keywords, local_sgd, per_client, register_algorithm)
 from rayfed.algorithms.params import AlgorithmParams
 from rayfed.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerState
 from rayfed.fields import Decay
@@ -49,6 +50,7 @@ class MIFA(Algorithm):
     state_classes = (MIFAServerState, MIFAClientState, ServerOptimizerState)
     # It averages the latest updates of all N clients: there is no weighting to choose.
     weighted = False
+    vectorizable = True
     fixed: ClassVar[dict[str, Any]] = {"beta1": 0.0}
 
     @classmethod
@@ -74,14 +76,16 @@ class MIFA(Algorithm):
     def global_params(self, state: MIFAServerState) -> Tensor:
         return state.params
 
-    def client_train(self, task: ClientTask, down: dict[str, Tensor],
-                     client_state: MIFAClientState | None) -> tuple[Upload, MIFAClientState]:
+    def client_train(self, task: ClientTask, down: dict[str, Tensor], client_state: MIFAClientState | None
+                     | ClientStates) -> tuple[Upload, MIFAClientState | ClientStates]:
         global_params = down["params"]
         local, mean_loss = local_sgd(task, global_params, self.lr_local)
         latest = local - global_params                                      # g_new = y - x_t
-        difference = latest if client_state is None else latest - client_state.latest_model_change
+        # In a stack, a client before its first round has g_old = 0.
+        difference = latest if client_state is None else latest - client_rows(
+            client_state, lambda state: state.latest_model_change, torch.zeros_like(global_params))
         return (Upload({"model_change_difference": difference}, task.num_samples, {"train_loss": mean_loss}),
-                MIFAClientState(latest_model_change=latest))
+                per_client(client_state, MIFAClientState, latest_model_change=latest))
 
     def server_step(self, state: MIFAServerState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[MIFAServerState, dict]:

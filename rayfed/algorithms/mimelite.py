@@ -48,6 +48,7 @@ class MimeLite(Algorithm):
     state_classes = (MimeLiteState,)
     linear_uploads = True
     keeps_client_state = False
+    vectorizable = True
     # The momentum is built from gradients at the current x.
     runs_async = False
 
@@ -74,7 +75,9 @@ class MimeLite(Algorithm):
 
     def client_train(self, task: ClientTask, down: dict[str, Tensor], client_state: None) -> tuple[Upload, None]:
         start, momentum = down["params"], down["momentum"]
-        full_gradient = task.full_loss_and_grad(start)[1].clone()      # c_i at x, before any local step
+        # A stack of clients (engine.vectorize) takes its full gradients at one row of x per client.
+        at = start.expand(len(task.num_samples), -1) if isinstance(task.num_samples, list) else start
+        full_gradient = task.full_loss_and_grad(at)[1].clone()         # c_i at x, before any local step
         frozen = momentum.mul(self.beta)
 
         def direction(grad: Tensor, params: Tensor, step: int) -> Tensor:

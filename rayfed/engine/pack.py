@@ -33,14 +33,12 @@ def current_member() -> "PackMember | None":
 
 @dataclass
 class _Request:
-    """A per-client gradient pass waiting in the pack: `function(params, *rows, padded=padded)` for `params`
-    (clients, d) and row tensors (clients, rows, ...) whose rows beyond a client's own are weighted 0 and
-    only there if `padded`."""
+    """A per-client gradient pass waiting in the pack: `function(params, *rows)` for `params` (clients, d)
+    and row tensors (clients, rows, ...)."""
 
     function: Callable
     params: Tensor
     rows: tuple[Tensor, ...]
-    padded: bool
     result: Any = None
     error: BaseException | None = None
 
@@ -149,10 +147,9 @@ class PackMember:
     pack: Pack
     index: int
 
-    def per_client_pass(self, function: Callable, params: Tensor, *rows: Tensor, padded: bool) -> Any:
-        """`function(params, *rows, padded=padded)`, computed with the other members' passes waiting at the
-        same time."""
-        return self.pack.compute(self.index, _Request(function, params, rows, padded))
+    def per_client_pass(self, function: Callable, params: Tensor, *rows: Tensor) -> Any:
+        """`function(params, *rows)`, computed with the other members' passes waiting at the same time."""
+        return self.pack.compute(self.index, _Request(function, params, rows))
 
 
 def _stacked_pass(requests: list[_Request]) -> None:
@@ -160,15 +157,14 @@ def _stacked_pass(requests: list[_Request]) -> None:
     zeros (weight 0); each request's result is its clients' part."""
     if len(requests) == 1:
         request = requests[0]
-        request.result = request.function(request.params, *request.rows, padded=request.padded)
+        request.result = request.function(request.params, *request.rows)
         return
     longest = [max(request.rows[position].shape[1] for request in requests)
                for position in range(len(requests[0].rows))]
     params = torch.cat([request.params for request in requests])
     rows = tuple(torch.cat([_padded(request.rows[position], length) for request in requests])
                  for position, length in enumerate(longest))
-    padded = any(request.padded or request.rows[0].shape[1] < longest[0] for request in requests)
-    leaves, spec = tree_flatten(requests[0].function(params, *rows, padded=padded))
+    leaves, spec = tree_flatten(requests[0].function(params, *rows))
     counts = [request.params.shape[0] for request in requests]
     parts = [leaf.split(counts) if isinstance(leaf, Tensor) and leaf.dim() else [leaf] * len(requests)
              for leaf in leaves]

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 from torch.nn.utils.rnn import pad_sequence
+from torch.utils._pytree import tree_map
 
 from rayfed.algorithms.base import Algorithm
 from rayfed.engine.pack import current_member
@@ -66,8 +67,8 @@ class Layout:
 class PassState:
     """What the rebuilt layers of one model share during a pass: the dropout masks still to apply, the
     batch statistics reported so far, both in call order, and `rows`, the client's row weights (1 for
-    its own rows, 0 for padding) where the batch is padded, else None; while `layout` is set (a probe
-    on the meta device), the layers record what they are called with there instead."""
+    its own rows, 0 for padding); while `layout` is set (a probe on the meta device), the layers record
+    what they are called with there instead."""
 
     def __init__(self):
         self.masks: deque[Tensor] = deque()
@@ -79,9 +80,11 @@ class PassState:
 class BatchStatistics(nn.Module):
     """A BatchNorm layer in train mode that normalises with its batch's statistics and reports them
     (mean, unbiased variance) instead of updating its running statistics in place, which a function
-    under torch.func.grad cannot do to a tensor it does not differentiate. In a padded batch the
-    statistics are those of the client's real rows (dim 0), as BatchNorm computes them on its unpadded
-    batch; padding rows are normalised with them too, which keeps their outputs finite. `index` is None
+    under torch.func.grad cannot do to a tensor it does not differentiate. The statistics are those of
+    the client's real rows (dim 0), as BatchNorm computes them on its unpadded batch; padding rows are
+    normalised with them too, which keeps their outputs finite. Always by the same formula, padded or
+    not: F.batch_norm's kernel for unpadded passes would make a client's bits depend on whether another
+    client in its batch is padded, and so on how the clients are grouped into workers. `index` is None
     for a layer that keeps no running statistics."""
 
     def __init__(self, norm: nn.modules.batchnorm._BatchNorm, state: PassState, index: int | None):
@@ -96,13 +99,7 @@ class BatchStatistics(nn.Module):
             if self.index is not None:
                 self.state.layout.norms.append(self.index)
             return F.batch_norm(inputs, None, None, self.weight, self.bias, True, 0.0, self.eps)
-        if self.state.rows is not None:
-            return self._over_rows(inputs, self.state.rows)
-        if self.index is not None:
-            dims = [0, *range(2, inputs.dim())]
-            detached = inputs.detach()
-            self.state.statistics.append((detached.mean(dims), detached.var(dims, correction=1)))
-        return F.batch_norm(inputs, None, None, self.weight, self.bias, True, 0.0, self.eps)
+        return self._over_rows(inputs, self.state.rows)
 
     def _over_rows(self, inputs: Tensor, rows: Tensor) -> Tensor:
         """Batch normalisation with the mean and biased variance of the rows weighted 1 in `rows`."""
@@ -160,10 +157,10 @@ class BatchedModule:
         self.layouts: dict[tuple, Layout] = {}
 
     def __call__(self, named: dict[str, Tensor], inputs: Tensor, masks: tuple[Tensor, ...],
-                 rows: Tensor | None = None) -> tuple[Tensor, tuple[tuple[Tensor, Tensor], ...]]:
+                 rows: Tensor) -> tuple[Tensor, tuple[tuple[Tensor, Tensor], ...]]:
         """Logits, with `masks` applied in dropout-call order, and the (mean, variance) of each call of a
-        tracking BatchNorm layer, in call order (Layout.norms); `rows`: the client's row weights where
-        the batch is padded (PassState.rows)."""
+        tracking BatchNorm layer, in call order (Layout.norms); `rows`: the client's row weights
+        (PassState.rows)."""
         self.state.masks = deque(masks)
         self.state.rows = rows
         logits = functional_call(self.module, named, (inputs,))
@@ -284,8 +281,7 @@ class ClientBatchTask:
             inputs, targets, weights = self._stacked([chunk[i] for i in present], augment=False)
             lengths = _lengths(weights)
             masks = self._draw_masks(inputs[0], lengths, present)
-            grads, (losses, _) = self._per_client_grad(params[present], inputs, targets, weights, masks,
-                                                       _padded(weights, lengths))
+            grads, (losses, _) = self._per_client_grad(params[present], inputs, targets, weights, masks)
             sizes = weights.sum(dim=1)
             loss_sum[present] += losses.detach().double() * sizes.double()
             grad_sum[present] += grads * sizes[:, None]
@@ -293,33 +289,37 @@ class ClientBatchTask:
 
     def _pass(self, params: Tensor, batch: tuple[Tensor, Tensor, Tensor], lengths: list[int],
               masks: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
-        (grads, (losses, statistics)) = self._per_client_grad(params, *batch, masks, _padded(batch[2], lengths))
+        (grads, (losses, statistics)) = self._per_client_grad(params, *batch, masks)
         if params is self.resident:
             self.batched.track(self.stacked_buffers, statistics, self.batched.layout(batch[0][0]))
         return losses.detach(), grads
 
     def _per_client_grad(self, params: Tensor, inputs: Tensor, targets: Tensor, weights: Tensor,
-                         masks: tuple[Tensor, ...], padded: bool) -> tuple[Tensor, tuple]:
+                         masks: tuple[Tensor, ...]) -> tuple[Tensor, tuple]:
         """Each client's gradient and (loss, statistics) at its row of `params`; in a pack
         (rayfed.engine.pack), computed together with the other packed runs' clients."""
         member = current_member()
-        if member is None:
-            return self.per_client_grad(params, inputs, targets, weights, masks, padded=padded)
-        return member.per_client_pass(self._gradients_of_rows, params, inputs, targets, weights, *masks,
-                                      padded=padded)
+        if member is not None:
+            return member.per_client_pass(self._gradients_of_rows, params, inputs, targets, weights, *masks)
+        if params.shape[0] > 1:
+            return self.per_client_grad(params, inputs, targets, weights, masks)
+        # vmap over one client takes other kernels than over several (other bits): a worker left with one
+        # client computes it twice, so that its bits do not depend on how the clients were grouped.
+        twice = [torch.cat([tensor, tensor]) for tensor in (params, inputs, targets, weights, *masks)]
+        return tree_map(lambda leaf: leaf[:1] if isinstance(leaf, Tensor) and leaf.dim() else leaf,
+                        self.per_client_grad(*twice[:4], tuple(twice[4:])))
 
     def _gradients_of_rows(self, params: Tensor, inputs: Tensor, targets: Tensor, weights: Tensor,
-                           *masks: Tensor, padded: bool) -> tuple[Tensor, tuple]:
-        return self.per_client_grad(params, inputs, targets, weights, masks, padded=padded)
+                           *masks: Tensor) -> tuple[Tensor, tuple]:
+        return self.per_client_grad(params, inputs, targets, weights, masks)
 
     def _loss(self, flat: Tensor, inputs: Tensor, targets: Tensor, weights: Tensor,
-              masks: tuple[Tensor, ...], padded: bool) -> tuple[Tensor, tuple]:
-        """`padded` (a keyword, which vmap passes unbatched): some client's rows are padded."""
+              masks: tuple[Tensor, ...]) -> tuple[Tensor, tuple]:
         named, offset = {}, 0
         for name, shape, size in self.shapes:
             named[name] = flat[offset:offset + size].view(shape)
             offset += size
-        logits, statistics = self.batched(named, inputs, masks, weights if padded else None)
+        logits, statistics = self.batched(named, inputs, masks, weights)
         losses = F.cross_entropy(logits, targets, reduction="none")
         return (losses * weights).sum() / weights.sum(), statistics
 
@@ -366,12 +366,6 @@ class ClientBatchTask:
 def _lengths(weights: Tensor) -> list[int]:
     """Each client's real rows in a stacked batch, from its row weights (ClientBatchTask._stacked)."""
     return weights.sum(dim=1).long().tolist()
-
-
-def _padded(weights: Tensor, lengths: list[int]) -> bool:
-    """Whether some client's batch is padded: only then does BatchStatistics weight rows, so that batches of
-    one length take F.batch_norm's kernel as before."""
-    return min(lengths) < weights.shape[1]
 
 
 def _default_generator(device: torch.device) -> torch.Generator:
