@@ -13,6 +13,8 @@ from __future__ import annotations
 import copy
 from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property, partial
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +23,9 @@ from torch.func import functional_call, grad_and_value, vmap
 from torch.nn.utils.rnn import pad_sequence
 
 from rayfed.algorithms.base import Algorithm
+from rayfed.algorithms.objective import OutputLoss, takes_row_weights
 from rayfed.models import FlatModel
+from rayfed.models.forward import ModelForward, Structure, structure_of
 
 # Samples per forward pass of a full local gradient: bounds its memory whatever a client holds.
 FULL_GRADIENT_CHUNK = 1024
@@ -168,6 +172,17 @@ class BatchedModule:
             buffers[:, mean_at:mean_at + width].mul_(1 - momentum).add_(mean, alpha=momentum)
             buffers[:, var_at:var_at + width].mul_(1 - momentum).add_(var, alpha=momentum)
 
+    @cached_property
+    def frozen(self) -> nn.Module:
+        """`module`'s layers for frozen passes in train mode (ClientTask.forward_at): their dropout calls take
+        the pass's masks in call order with the trained model's, and their BatchNorm calls report nothing
+        (a frozen pass moves no running statistics)."""
+        module = copy.deepcopy(self.module, {id(self.state): self.state})
+        for layer in module.modules():
+            if isinstance(layer, BatchStatistics):
+                layer.index = None
+        return module
+
 
 def _tracking_norms(module: nn.Module) -> list[tuple[str, nn.modules.batchnorm._BatchNorm]]:
     """The BatchNorm layers that keep running statistics, named, in named_modules' order: BatchStatistics.index
@@ -208,6 +223,9 @@ class ClientBatchTask:
         self.resident: Tensor | None = None
         self.generator = _default_generator(model.device)
         self.dropout_states = self._seeded_states(dropout_seeds) if batched.draws_masks else []
+        # The Layout of each objective's passes by (loss, shapes of one client's batch), found once a round.
+        self.objective_layouts: dict[tuple, Layout] = {}
+        self.frozen_rows = FrozenRows()
 
     def start_from(self, params: Tensor) -> Tensor:
         self.resident = params.expand(len(self.client_tasks), -1).clone()
@@ -282,6 +300,122 @@ class ClientBatchTask:
         losses = F.cross_entropy(logits, targets, reduction="none")
         return (losses * weights).sum() / weights.sum(), statistics
 
+    def objective_loss_and_grad(self, params: Tensor, batch: tuple[Tensor, Tensor, Tensor],
+                                loss_fn: OutputLoss) -> tuple[Tensor, Tensor]:
+        """Each client's `loss_fn` and its gradient at its row of `params` (ClientTask.objective_loss_and_grad),
+        its frozen passes (forward_at) at its own rows. A loss that takes per-row `weights` gets its client's and
+        runs for all clients at once; one that does not reduces over every row it is given, so it runs once per
+        group of clients whose batches hold the same number of rows, without their padding."""
+        inputs, targets, weights = batch
+        clients = torch.arange(len(self.client_tasks), device=params.device)
+        if takes_row_weights(loss_fn):
+            return self._objective_pass(params, batch, clients, loss_fn, True)
+        lengths = weights.sum(dim=1).long()
+        if bool((lengths == inputs.shape[1]).all()):
+            return self._objective_pass(params, batch, clients, loss_fn, False)
+        losses, grads = torch.empty(len(clients), dtype=params.dtype, device=params.device), torch.empty_like(params)
+        for length in lengths.unique().tolist():
+            group = clients[lengths == length]
+            losses[group], grads[group] = self._objective_pass(
+                params, (inputs[group, :length], targets[group, :length], weights[group, :length]), group, loss_fn,
+                False)
+        return losses, grads
+
+    def forward_at(self, params: Tensor, buffers: Tensor, train: bool = False) -> ModelForward:
+        """The clients' frozen passes, each at its row of `params` with its row of running statistics `buffers`
+        (one row serves all): in eval mode through the model's own layers, in train mode through BatchedModule.frozen.
+        They run inside objective_loss_and_grad, whose batched computation picks each client's rows."""
+        clients = len(self.client_tasks)
+        params, buffers = params.detach().expand(clients, -1), buffers.detach().expand(clients, -1)
+        tensors, offset = {}, 0
+        for name, shape, size in self.shapes:
+            tensors[name] = params[:, offset:offset + size].view(clients, *shape)
+            offset += size
+        if not train:
+            offset = 0
+            for name, buffer in self.model.module.named_buffers():
+                if buffer.is_floating_point():
+                    tensors[name] = buffers[:, offset:offset + buffer.numel()].view(clients, *buffer.shape)
+                    offset += buffer.numel()
+        module = self.batched.frozen if train else self.model.module
+        return StackedForward(module, structure_of(self.model.module), tensors, train, self.frozen_rows)
+
+    def _objective_pass(self, params: Tensor, batch: tuple[Tensor, Tensor, Tensor], clients: Tensor,
+                        loss_fn: OutputLoss, weighted: bool) -> tuple[Tensor, Tensor]:
+        """objective_loss_and_grad for `clients` (indices into the stack), whose batches `batch` are."""
+        rows = params if len(clients) == len(self.client_tasks) else params[clients]
+        layout = self._objective_layout(loss_fn, rows, batch, weighted)
+        masks = self._objective_masks(layout, clients.tolist())
+        per_client = vmap(grad_and_value(partial(self._objective_loss, loss_fn, weighted), has_aux=True))
+        grads, (losses, statistics) = per_client(rows, *batch, masks, clients)
+        if params is self.resident and layout.norms:
+            buffers = self.stacked_buffers if rows is params else self.stacked_buffers[clients]
+            self.batched.track(buffers, statistics, layout)
+            if rows is not params:
+                self.stacked_buffers[clients] = buffers
+        return losses.detach(), grads
+
+    def _objective_loss(self, loss_fn: OutputLoss, weighted: bool, flat: Tensor, inputs: Tensor, targets: Tensor,
+                        weights: Tensor, masks: tuple[Tensor, ...], client: Tensor) -> tuple[Tensor, tuple]:
+        """One client's objective at `flat` (under vmap): its frozen passes take its rows, its dropout calls
+        `masks` in call order; with the statistics of the trained model's BatchNorm calls."""
+        self.batched.state.masks = deque(masks)
+        # stacked[client] would read the index's value, which a batched computation has none of.
+        self.frozen_rows.select = lambda stacked: stacked.index_select(0, client.unsqueeze(0))[0]
+        try:
+            loss = _call(loss_fn, weighted, self._trained(flat), inputs, targets, weights)
+        finally:
+            self.frozen_rows.select = None
+        statistics = tuple(self.batched.state.statistics)
+        self.batched.state.statistics = []     # tensors of a transform's levels, invalid once it returns
+        return loss, statistics
+
+    def _trained(self, flat: Tensor) -> ModelForward:
+        """The trained model's passes at `flat`, through BatchedModule's layers."""
+        named, offset = {}, 0
+        for name, shape, size in self.shapes:
+            named[name] = flat[offset:offset + size].view(shape)
+            offset += size
+        return ModelForward(self.batched.module, structure_of(self.model.module), named)
+
+    def _objective_layout(self, loss_fn: OutputLoss, params: Tensor, batch: tuple[Tensor, Tensor, Tensor],
+                          weighted: bool) -> Layout:
+        """The Layout of `loss_fn`'s passes over one client's batch shaped as `batch`'s: the dropout calls of its
+        trained and frozen passes, and the trained model's BatchNorm calls, in call order (the loss may run the
+        model more than once, and frozen passes between), from a pass of the first client of `params` (clients, d)
+        and `batch` (on the meta device such a loss's reductions take longer than the pass)."""
+        if not (self.batched.draws_masks or self.batched.running):
+            return Layout()
+        key = (loss_fn, *((tuple(part.shape[1:]), part.dtype) for part in batch))
+        if key not in self.objective_layouts:
+            self.batched.state.layout = Layout()
+            self.frozen_rows.select = lambda stacked: stacked[0]
+            try:
+                with torch.no_grad():
+                    _call(loss_fn, weighted, self._trained(params[0]), *(part[0] for part in batch))
+                self.objective_layouts[key] = self.batched.state.layout
+            finally:
+                self.batched.state.layout = None
+                self.frozen_rows.select = None
+        return self.objective_layouts[key]
+
+    def _objective_masks(self, layout: Layout, clients: list[int]) -> tuple[Tensor, ...]:
+        """Each dropout call's masks for one objective pass of `clients`, stacked over them, as _draw_masks
+        draws a plain pass's: each client's from its own stream, in the call order of `layout`."""
+        if not layout.dropouts:
+            return ()
+        ones = [torch.ones(shape, dtype=self.model.params.dtype, device=self.model.device)
+                for _, shape in layout.dropouts]
+        saved = self.generator.get_state()
+        per_call = [[] for _ in layout.dropouts]
+        for client in clients:
+            self.generator.set_state(self.dropout_states[client])
+            for masks, (rate, _), call_ones in zip(per_call, layout.dropouts, ones):
+                masks.append(F.dropout(call_ones, rate, training=True))
+            self.dropout_states[client] = self.generator.get_state()
+        self.generator.set_state(saved)
+        return tuple(torch.stack(masks) for masks in per_call)
+
     def _seeded_states(self, seeds: list[int]) -> list[Tensor]:
         saved = self.generator.get_state()
         states = []
@@ -310,6 +444,38 @@ class ClientBatchTask:
             self.dropout_states[client] = self.generator.get_state()
         self.generator.set_state(saved)
         return tuple(torch.stack(masks) for masks in per_call)
+
+
+class FrozenRows:
+    """Which rows of a stacked tensor a frozen pass takes: set by ClientBatchTask while an objective's pass runs
+    (the rows of the client its batched computation is at; meta stand-ins while its Layout is probed)."""
+
+    def __init__(self):
+        self.select: Callable[[Tensor], Tensor] | None = None
+
+    def __call__(self, stacked: Tensor) -> Tensor:
+        if self.select is None:
+            raise RuntimeError("a stack of clients runs its frozen passes (forward_at) only inside its objective's "
+                               "loss (objective_loss_and_grad)")
+        return self.select(stacked)
+
+
+class StackedForward(ModelForward):
+    """Frozen passes of a stack of clients (ClientBatchTask.forward_at): `tensors` hold a row per client, and
+    each pass takes the rows that `rows` selects."""
+
+    def __init__(self, module: nn.Module, structure: Structure, tensors: dict[str, Tensor], train: bool,
+                 rows: FrozenRows):
+        super().__init__(module, structure, tensors, train)
+        self.rows = rows
+
+    def _tensors(self, start: int, stop: int) -> dict[str, Tensor]:
+        return {name: self.rows(stacked) for name, stacked in super()._tensors(start, stop).items()}
+
+
+def _call(loss_fn: OutputLoss, weighted: bool, model: ModelForward, inputs: Tensor, targets: Tensor,
+          weights: Tensor) -> Tensor:
+    return loss_fn(model, inputs, targets, weights=weights) if weighted else loss_fn(model, inputs, targets)
 
 
 def _default_generator(device: torch.device) -> torch.Generator:
