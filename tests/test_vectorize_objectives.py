@@ -46,10 +46,11 @@ def test_padded_batches_count_only_the_clients_own_rows(tmp_path, algorithm):
     assert_matches_sequential(tmp_path, SMALL + RETURNING + PADDED + [f"algorithm.name={algorithm}"])
 
 
-def test_vectorized_moon_runs_are_bitwise_the_same_for_any_number_of_workers(tmp_path):
-    """A client's row of the batched objective, its frozen passes included, does not depend on which
-    clients share its batch; each client's previous model stays with the worker that trains it."""
-    overrides = SMALL + RETURNING + EQUAL_SIZES_BATCHNORM + ["algorithm.name=moon", "engine.vectorize=true"]
+@pytest.mark.parametrize("model", [EQUAL_SIZES_BATCHNORM, PADDED])
+def test_vectorized_moon_runs_are_bitwise_the_same_for_any_number_of_workers(tmp_path, model):
+    """A client's row of the batched objective, its frozen passes and its padding included, does not depend
+    on which clients share its batch; each client's previous model stays with the worker that trains it."""
+    overrides = SMALL + RETURNING + model + ["algorithm.name=moon", "engine.vectorize=true"]
     reference = run(tmp_path, overrides + ["engine.num_workers=1"], "one")
     assert reference.summary["vectorized"]
     for workers in (2, 3):
