@@ -345,7 +345,7 @@ class ClientBatchTask:
         """objective_loss_and_grad for `clients` (indices into the stack), whose batches `batch` are."""
         rows = params if len(clients) == len(self.client_tasks) else params[clients]
         layout = self._objective_layout(loss_fn, rows, batch, weighted)
-        masks = self._objective_masks(layout, clients.tolist())
+        masks = self._objective_masks(layout, clients)
         per_client = vmap(grad_and_value(partial(self._objective_loss, loss_fn, weighted), has_aux=True))
         grads, (losses, statistics) = per_client(rows, *batch, masks, clients)
         if params is self.resident and layout.norms:
@@ -399,7 +399,7 @@ class ClientBatchTask:
                 self.frozen_rows.select = None
         return self.objective_layouts[key]
 
-    def _objective_masks(self, layout: Layout, clients: list[int]) -> tuple[Tensor, ...]:
+    def _objective_masks(self, layout: Layout, clients: Tensor) -> tuple[Tensor, ...]:
         """Each dropout call's masks for one objective pass of `clients`, stacked over them, as _draw_masks
         draws a plain pass's: each client's from its own stream, in the call order of `layout`."""
         if not layout.dropouts:
@@ -408,7 +408,7 @@ class ClientBatchTask:
                 for _, shape in layout.dropouts]
         saved = self.generator.get_state()
         per_call = [[] for _ in layout.dropouts]
-        for client in clients:
+        for client in clients.tolist():
             self.generator.set_state(self.dropout_states[client])
             for masks, (rate, _), call_ones in zip(per_call, layout.dropouts, ones):
                 masks.append(F.dropout(call_ones, rate, training=True))
@@ -448,7 +448,7 @@ class ClientBatchTask:
 
 class FrozenRows:
     """Which rows of a stacked tensor a frozen pass takes: set by ClientBatchTask while an objective's pass runs
-    (the rows of the client its batched computation is at; meta stand-ins while its Layout is probed)."""
+    (the rows of the client its batched computation is at; the first client's while its Layout is found)."""
 
     def __init__(self):
         self.select: Callable[[Tensor], Tensor] | None = None
@@ -475,6 +475,7 @@ class StackedForward(ModelForward):
 
 def _call(loss_fn: OutputLoss, weighted: bool, model: ModelForward, inputs: Tensor, targets: Tensor,
           weights: Tensor) -> Tensor:
+    """One client's objective on its batch, given its per-row weights where the loss takes them."""
     return loss_fn(model, inputs, targets, weights=weights) if weighted else loss_fn(model, inputs, targets)
 
 
