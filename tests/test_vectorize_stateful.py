@@ -62,7 +62,7 @@ def test_vectorized_stateful_clients_match_sequential_training(tmp_path, overrid
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["fedavg", "mifa"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "mifa", "moon"])
 def test_vectorized_runs_are_bitwise_the_same_for_any_number_of_workers(tmp_path, ray_cluster, algorithm):
     """A client's state and its row of the batched computation do not depend on which clients share its
     batch: a BatchNorm MLP on clients of different sizes (padded minibatches) with 1, 2 and 3 workers."""

@@ -263,8 +263,8 @@ def capabilities_page() -> str:
               "With partial sums, `uploads` is the workers' exact sums, which any other read refuses.",
               "- **Vectorized clients** (`engine.vectorize`): `vectorizable = True`, with a `client_train` that is "
               "`rayfed.local_sgd` (or `local_descent`) plus tensor operations that broadcast over a leading client "
-              "dimension; a client state read with `rayfed.client_rows` and returned with `rayfed.per_client` "
-              "serves one client and a stack alike.",
+              "dimension; client states through `rayfed.client_rows` and `rayfed.per_client`, and a local "
+              "objective as [Local objectives](../tutorials/local-objectives.md#vectorised-clients) says.",
               "- **Asynchronous rounds**: `runs_async = True`, and `staleness_weighted = True` where an upload is a "
               "model change that `train.staleness_weight` may scale.",
               "- **Compression**: `compressed_upload = \"NAME\"` (the upload that is one model update) and "

@@ -58,7 +58,9 @@ class ClientTask(Protocol):
     def objective_loss_and_grad(self, params: Tensor, batch: Batch, loss_fn: OutputLoss) -> tuple[Tensor, Tensor]:
         """loss_and_grad of `loss_fn(model, inputs, targets)`, a loss of the model's outputs that
         replaces cross-entropy (algorithms.objective): `model` is the model at `params`, and the loss
-        may also run frozen passes (forward_at)."""
+        may also run frozen passes (forward_at). A stack of clients runs it for each client at its own
+        parameters, frozen passes at its own rows: a loss that takes `weights` gets its client's per-row
+        weights (padding rows weigh 0), one that does not runs on groups of clients with unpadded batches."""
 
     def buffers(self) -> Tensor:
         """A copy of the resident model's running statistics (BatchNorm); at the start of
@@ -66,7 +68,8 @@ class ClientTask(Protocol):
 
     def forward_at(self, params: Tensor, buffers: Tensor, train: bool = False) -> ModelForward:
         """The model's passes at another parameter vector with running statistics `buffers`, frozen:
-        no gradient reaches `params` (rayfed.models.forward)."""
+        no gradient reaches `params` (rayfed.models.forward). For a stack of clients, `params` and
+        `buffers` are one row per client or one for all, and the passes run inside objective_loss_and_grad."""
 
     def paired_loss_and_grad(self, current: Tensor, previous: Tensor, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
         """loss_and_grad at `current`, and the gradient at `previous` on the same batch with the same

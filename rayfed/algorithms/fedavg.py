@@ -102,8 +102,6 @@ class FedAvgMServer(FedAvgM):
     their M variants), built from its `algorithm:` section. A section without beta1 (it reads as
     unset) gets FedAvg's server: the heavy ball with beta1 = 0."""
 
-    vectorizable = False
-
     @classmethod
     def from_params(cls, params: AlgorithmParams, context: AlgorithmContext) -> "FedAvgMServer":
         return cls(params, context)

@@ -11,7 +11,8 @@ mode, as the authors' copy of the model does. The local loss is
 
 with the authors' KL (batch mean) through both arguments. The client uploads its model change; the
 server averages them as FedAvg does, and FedMLBM adds FedAvgM's heavy-ball momentum (GradMA,
-arXiv:2302.14307). With lambda2 = lambda3 = 0 (and lambda1 = 1), FedMLB is FedAvg.
+arXiv:2302.14307). With lambda2 = lambda3 = 0 (and lambda1 = 1), FedMLB is FedAvg. Under
+engine.vectorize a stack of clients trains at once, each through its own hybrid pathways.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from torch import Tensor
 
 from rayfed.algorithms.base import AlgorithmContext, ClientTask, Upload, local_sgd, register_algorithm
 from rayfed.algorithms.fedavg import FedAvgMServer
-from rayfed.algorithms.objective import LocalObjective
+from rayfed.algorithms.objective import LocalObjective, cross_entropy, row_mean
 from rayfed.algorithms.params import AlgorithmParams
 from rayfed.fields import Coefficient, Decay, Positive
 from rayfed.models.forward import ModelForward
@@ -39,10 +40,14 @@ class FedMLBMParams(FedMLBParams):
     beta1: Decay = Field(0.9, description="server heavy-ball momentum: m <- beta1 m + d, x <- x + lr_global m")
 
 
-def hybrid_kl(hybrid_logits: Tensor, main_logits: Tensor, temperature: float) -> Tensor:
-    """KL(softmax(z_b/T) || softmax(z/T)), the mean over the batch of the per-sample divergences."""
-    return F.kl_div(F.log_softmax(main_logits / temperature, dim=1), F.softmax(hybrid_logits / temperature, dim=1),
-                    reduction="batchmean")
+def hybrid_kl(hybrid_logits: Tensor, main_logits: Tensor, temperature: float,
+              weights: Tensor | None = None) -> Tensor:
+    """KL(softmax(z_b/T) || softmax(z/T)), the mean over the batch of the per-sample divergences (over
+    the rows that count, with `weights`)."""
+    log_main, hybrid = F.log_softmax(main_logits / temperature, dim=1), F.softmax(hybrid_logits / temperature, dim=1)
+    if weights is None:
+        return F.kl_div(log_main, hybrid, reduction="batchmean")
+    return row_mean(F.kl_div(log_main, hybrid, reduction="none").sum(dim=1), weights)
 
 
 @register_algorithm("fedmlbm")
@@ -51,6 +56,7 @@ class FedMLBM(FedAvgMServer):
 
     Params = FedMLBMParams
     model_needs = "blocks"
+    vectorizable = True
 
     def __init__(self, params: FedMLBParams, context: AlgorithmContext):
         super().__init__(params, context)
@@ -62,16 +68,16 @@ class FedMLBM(FedAvgMServer):
         frozen_global = task.forward_at(start, task.buffers(), train=True)
         lambda1, lambda2, lambda3 = self.lambdas
 
-        def loss(model: ModelForward, inputs: Tensor, targets: Tensor) -> Tensor:
+        def loss(model: ModelForward, inputs: Tensor, targets: Tensor, weights: Tensor | None = None) -> Tensor:
             outputs = model.block_outputs(inputs)
             main = outputs[-1]
             branches = len(outputs) - 1
-            cross_entropy = kl = 0.0
+            hybrid_cross_entropy = kl = 0.0
             for level, features in enumerate(outputs[:-1], start=1):
                 hybrid = frozen_global.through_blocks(features, level)
-                cross_entropy = cross_entropy + F.cross_entropy(hybrid, targets)
-                kl = kl + hybrid_kl(hybrid, main, self.temperature)
-            return (lambda1 * F.cross_entropy(main, targets) + lambda2 / branches * cross_entropy
+                hybrid_cross_entropy = hybrid_cross_entropy + cross_entropy(hybrid, targets, weights)
+                kl = kl + hybrid_kl(hybrid, main, self.temperature, weights)
+            return (lambda1 * cross_entropy(main, targets, weights) + lambda2 / branches * hybrid_cross_entropy
                     + lambda3 / branches * kl)
 
         local, mean_loss = local_sgd(task, start, self.lr_local, LocalObjective(loss))

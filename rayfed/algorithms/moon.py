@@ -10,6 +10,7 @@ trained, of the frozen global model x_t and of the frozen model the client ended
 participation with (x_0 before its first), and sim is cosine similarity. The frozen models run in
 eval mode, as in the authors' code: their running statistics, no dropout. The client keeps that
 previous model (parameters and running statistics) as its state, and uploads its model change.
+Under engine.vectorize a stack of clients trains at once, each against its own previous model.
 The server averages model changes as FedAvg does; MOONM adds FedAvgM's heavy-ball momentum
 (GradMA, arXiv:2302.14307: "M" variants). With mu = 0, MOON is FedAvg and MOONM is FedAvgM.
 """
@@ -22,9 +23,10 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor
 
-from rayfed.algorithms.base import FLOAT32_BYTES, AlgorithmContext, ClientTask, Upload, local_sgd, register_algorithm
+from rayfed.algorithms.base import (FLOAT32_BYTES, AlgorithmContext, ClientStates, ClientTask, Upload, client_rows,
+                                    local_sgd, per_client, register_algorithm)
 from rayfed.algorithms.fedavg import FedAvgMServer, FedAvgMState
-from rayfed.algorithms.objective import LocalObjective
+from rayfed.algorithms.objective import LocalObjective, cross_entropy
 from rayfed.algorithms.params import AlgorithmParams
 from rayfed.algorithms.server_optimizer import ServerOptimizerState
 from rayfed.fields import Coefficient, Decay, Positive
@@ -47,11 +49,13 @@ class MoonClientState:
     buffers: Tensor     # and its running statistics
 
 
-def contrastive_loss(z: Tensor, z_global: Tensor, z_previous: Tensor, tau: float) -> Tensor:
-    """MOON's l_con (Eq. 3), averaged over the batch: cross-entropy of the similarity logits with
-    the global model's as the positive, as the authors' code computes it."""
+def contrastive_loss(z: Tensor, z_global: Tensor, z_previous: Tensor, tau: float,
+                     weights: Tensor | None = None) -> Tensor:
+    """MOON's l_con (Eq. 3), averaged over the batch (over the rows that count, with `weights`):
+    cross-entropy of the similarity logits with the global model's as the positive, as the authors'
+    code computes it."""
     logits = torch.stack([F.cosine_similarity(z, z_global, dim=-1), F.cosine_similarity(z, z_previous, dim=-1)], 1)
-    return F.cross_entropy(logits / tau, torch.zeros(len(z), dtype=torch.int64, device=z.device))
+    return cross_entropy(logits / tau, torch.zeros(len(z), dtype=torch.int64, device=z.device), weights)
 
 
 @register_algorithm("moonm")
@@ -61,6 +65,7 @@ class MoonM(FedAvgMServer):
     Params = MoonMParams
     state_classes = (FedAvgMState, ServerOptimizerState, MoonClientState)
     keeps_client_state = True
+    vectorizable = True
     keeps_initial_model = True
     model_needs = "features"
 
@@ -77,22 +82,24 @@ class MoonM(FedAvgMServer):
     def client_state_floats(self, num_params: int, num_buffers: int) -> int:
         return num_params + num_buffers         # the previous model with its running statistics
 
-    def client_train(self, task: ClientTask, down: dict[str, Tensor],
-                     client_state: MoonClientState | None) -> tuple[Upload, MoonClientState]:
+    def client_train(self, task: ClientTask, down: dict[str, Tensor], client_state: MoonClientState | None
+                     | ClientStates) -> tuple[Upload, MoonClientState | ClientStates]:
         start = down["params"]
-        previous = client_state or MoonClientState(*self.initial)
+        initial_params, initial_buffers = self.initial
         frozen_global = task.forward_at(start, task.buffers())
-        frozen_previous = task.forward_at(previous.params, previous.buffers)
+        frozen_previous = task.forward_at(client_rows(client_state, lambda state: state.params, initial_params),
+                                          client_rows(client_state, lambda state: state.buffers, initial_buffers))
 
-        def loss(model: ModelForward, inputs: Tensor, targets: Tensor) -> Tensor:
+        def loss(model: ModelForward, inputs: Tensor, targets: Tensor, weights: Tensor | None = None) -> Tensor:
             z, logits = model.features(inputs)
             with torch.no_grad():
                 z_global, z_previous = frozen_global.features(inputs)[0], frozen_previous.features(inputs)[0]
-            return F.cross_entropy(logits, targets) + self.mu * contrastive_loss(z, z_global, z_previous, self.tau)
+            return (cross_entropy(logits, targets, weights)
+                    + self.mu * contrastive_loss(z, z_global, z_previous, self.tau, weights))
 
         local, mean_loss = local_sgd(task, start, self.lr_local, LocalObjective(loss))
         return (Upload({"model_change": local - start}, task.num_samples, {"train_loss": mean_loss}),
-                MoonClientState(local.clone(), task.buffers()))
+                per_client(client_state, MoonClientState, params=local.clone(), buffers=task.buffers()))
 
 
 @register_algorithm("moon")

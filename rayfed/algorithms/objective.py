@@ -5,18 +5,42 @@ An objective is a loss on the model's outputs for a minibatch, which autograd di
 pathways, which may run frozen copies of the model through `task.forward_at`), plus terms on the
 parameters whose gradients are known in closed form and added to the minibatch gradient
 (FedProx's proximal term, FedDyn's linear and proximal terms). Pure maths: no Ray.
+
+Under engine.vectorize a client's minibatch may be padded with rows that do not count (clients of
+one batch hold different numbers of samples): an output loss that takes per-row `weights` reduces
+over the rows that count itself (`row_mean`, `cross_entropy`), and the batched computation runs it
+for all clients at once.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+import torch.nn.functional as F
 from torch import Tensor
 
-from rayfed.models.forward import ModelForward
+# loss(model, inputs, targets) -> a scalar tensor, with `model` the trained model's passes (a
+# rayfed.models.forward.ModelForward); or loss(model, inputs, targets, weights=None), whose mean over
+# the batch counts row r with weights[r] (1 or 0), None where every row counts.
+OutputLoss = Callable[..., Tensor]
 
-# loss(model, inputs, targets) -> a scalar tensor, with `model` the trained model's passes.
-OutputLoss = Callable[[ModelForward, Tensor, Tensor], Tensor]
+
+def takes_row_weights(loss: OutputLoss) -> bool:
+    """Whether `loss` takes per-row `weights` (and reduces over the rows that count itself)."""
+    return "weights" in inspect.signature(loss).parameters
+
+
+def row_mean(per_row: Tensor, weights: Tensor) -> Tensor:
+    """The mean of per-row values over the rows that count: sum_r w_r v_r / sum_r w_r."""
+    return (per_row * weights).sum() / weights.sum()
+
+
+def cross_entropy(logits: Tensor, targets: Tensor, weights: Tensor | None = None) -> Tensor:
+    """F.cross_entropy's batch mean; with `weights`, the mean over the rows that count (row_mean)."""
+    if weights is None:
+        return F.cross_entropy(logits, targets)
+    return row_mean(F.cross_entropy(logits, targets, reduction="none"), weights)
 
 
 class ParameterTerm(Protocol):
@@ -54,7 +78,8 @@ class LocalObjective:
     """output_loss(model, x, y) on each minibatch (None: cross-entropy) plus `terms` on the parameters."""
 
     output_loss: OutputLoss | None = None
-    """The loss of the model's outputs on a minibatch, output_loss(model, x, y); None: cross-entropy."""
+    """The loss of the model's outputs on a minibatch, output_loss(model, x, y), or
+    output_loss(model, x, y, weights=None) where it reduces over the rows that count itself; None: cross-entropy."""
     terms: tuple[ParameterTerm, ...] = ()
     """Terms of the parameters with closed-form gradients (Proximal, Linear), added to its gradient."""
 

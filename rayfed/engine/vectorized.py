@@ -14,6 +14,8 @@ from __future__ import annotations
 import copy
 from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property, partial
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +26,9 @@ from torch.utils._pytree import tree_map
 
 from rayfed.algorithms.base import Algorithm
 from rayfed.engine.pack import current_member
+from rayfed.algorithms.objective import OutputLoss, takes_row_weights
 from rayfed.models import FlatModel
+from rayfed.models.forward import ModelForward, Structure, structure_of
 
 # Samples per forward pass of a full local gradient: bounds its memory whatever a client holds.
 FULL_GRADIENT_CHUNK = 1024
@@ -187,6 +191,17 @@ class BatchedModule:
             buffers[:, mean_at:mean_at + width].mul_(1 - momentum).add_(mean, alpha=momentum)
             buffers[:, var_at:var_at + width].mul_(1 - momentum).add_(var, alpha=momentum)
 
+    @cached_property
+    def frozen(self) -> nn.Module:
+        """`module`'s layers for frozen passes in train mode (ClientTask.forward_at): their dropout calls take
+        the pass's masks in call order with the trained model's, and their BatchNorm calls report nothing
+        (a frozen pass moves no running statistics)."""
+        module = copy.deepcopy(self.module, {id(self.state): self.state})
+        for layer in module.modules():
+            if isinstance(layer, BatchStatistics):
+                layer.index = None
+        return module
+
 
 def _tracking_norms(module: nn.Module) -> list[tuple[str, nn.modules.batchnorm._BatchNorm]]:
     """The BatchNorm layers that keep running statistics, named, in named_modules' order: BatchStatistics.index
@@ -227,6 +242,9 @@ class ClientBatchTask:
         self.resident: Tensor | None = None
         self.generator = _default_generator(model.device)
         self.dropout_states = self._seeded_states(dropout_seeds) if batched.draws_masks else []
+        # The Layout of each objective's passes by (loss, shapes of one client's batch), found once a round.
+        self.objective_layouts: dict[tuple, Layout] = {}
+        self.frozen_rows = FrozenRows()
 
     def start_from(self, params: Tensor) -> Tensor:
         self.resident = params.expand(len(self.client_tasks), -1).clone()
@@ -236,16 +254,24 @@ class ClientBatchTask:
         """Each client's running statistics, (clients, number of buffer entries)."""
         return self.stacked_buffers.clone()
 
+    @property
+    def batch_rows(self) -> int:
+        """Rows of every stacked minibatch: the configured batch size whatever the clients hold, so that a
+        client's padded batch, and with it its bits, do not depend on which clients share its batch."""
+        return self.client_tasks[0].requested_batch_size
+
     def next_batch(self) -> tuple[Tensor, Tensor, Tensor]:
         """Every client's next minibatch, padded to the longest with weight-0 rows: clients whose
         sample counts leave a shorter last batch of an epoch still train on exactly their own rows."""
-        return self._stacked([task.next_rows() for task in self.client_tasks])
+        return self._stacked([task.next_rows() for task in self.client_tasks], self.batch_rows)
 
     def draw_batch(self, size: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        return self._stacked([task.draw_rows(size) for task in self.client_tasks])
+        return self._stacked([task.draw_rows(size) for task in self.client_tasks], size or self.batch_rows)
 
-    def _stacked(self, rows: list[Tensor], augment: bool = True) -> tuple[Tensor, Tensor, Tensor]:
-        padded = pad_sequence(rows, batch_first=True)       # padding: row 0 of the dataset, weighted 0
+    def _stacked(self, rows: list[Tensor], length: int, augment: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+        """The clients' `rows` padded to `length` rows (or the longest, if longer) with weight-0 rows."""
+        length = max(length, *(r.shape[0] for r in rows))
+        padded = _padded_rows(rows, length)       # padding: row 0 of the dataset, weighted 0
         lengths = torch.tensor([r.shape[0] for r in rows], device=padded.device)
         weights = torch.arange(padded.shape[1], device=padded.device) < lengths[:, None]
         task = self.client_tasks[0]
@@ -253,7 +279,7 @@ class ClientBatchTask:
             inputs = task.train_x[padded]
         else:
             # Each client augments only its own rows, from its own stream, as it would training alone.
-            inputs = pad_sequence([client.inputs(r) for client, r in zip(self.client_tasks, rows)], batch_first=True)
+            inputs = _padded_rows([client.inputs(r) for client, r in zip(self.client_tasks, rows)], length)
         return inputs, task.train_y[padded], weights.to(torch.float32)     # float even for token inputs
 
     def loss_and_grad(self, params: Tensor, batch: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
@@ -269,8 +295,10 @@ class ClientBatchTask:
         return loss, grad, self._pass(previous, batch, lengths, masks)[1]
 
     def full_loss_and_grad(self, params: Tensor) -> tuple[Tensor, Tensor]:
-        """Each client's mean loss and gradient over all its samples, FULL_GRADIENT_CHUNK columns at a time;
-        running statistics are left as they were."""
+        """Each client's mean loss and gradient over all its samples, FULL_GRADIENT_CHUNK samples at a time as
+        sequential training takes them (BatchNorm's statistics are a chunk's); running statistics are left as
+        they were. Chunks are padded to the longest client's, so with clients of different sizes a client's
+        bits depend on its batch-mates here (within float32 reordering)."""
         rows = [task.sample_indices for task in self.client_tasks]
         counts = torch.tensor([len(r) for r in rows], device=params.device, dtype=params.dtype)
         loss_sum = torch.zeros(len(rows), dtype=torch.float64, device=params.device)
@@ -278,7 +306,7 @@ class ClientBatchTask:
         for start in range(0, max(len(r) for r in rows), FULL_GRADIENT_CHUNK):
             chunk = [r[start:start + FULL_GRADIENT_CHUNK] for r in rows]
             present = [i for i, c in enumerate(chunk) if len(c)]
-            inputs, targets, weights = self._stacked([chunk[i] for i in present], augment=False)
+            inputs, targets, weights = self._stacked([chunk[i] for i in present], 0, augment=False)
             lengths = _lengths(weights)
             masks = self._draw_masks(inputs[0], lengths, present)
             grads, (losses, _) = self._per_client_grad(params[present], inputs, targets, weights, masks)
@@ -323,6 +351,124 @@ class ClientBatchTask:
         losses = F.cross_entropy(logits, targets, reduction="none")
         return (losses * weights).sum() / weights.sum(), statistics
 
+    def objective_loss_and_grad(self, params: Tensor, batch: tuple[Tensor, Tensor, Tensor],
+                                loss_fn: OutputLoss) -> tuple[Tensor, Tensor]:
+        """Each client's `loss_fn` and its gradient at its row of `params` (ClientTask.objective_loss_and_grad),
+        its frozen passes (forward_at) at its own rows. A loss that takes per-row `weights` gets its client's and
+        runs for all clients at once; one that does not reduces over every row it is given, so it runs once per
+        group of clients whose batches hold the same number of rows, without their padding."""
+        inputs, targets, weights = batch
+        clients = torch.arange(len(self.client_tasks), device=params.device)
+        if takes_row_weights(loss_fn):
+            return self._objective_pass(params, batch, clients, loss_fn, True)
+        lengths = weights.sum(dim=1).long()
+        if bool((lengths == inputs.shape[1]).all()):
+            return self._objective_pass(params, batch, clients, loss_fn, False)
+        losses, grads = torch.empty(len(clients), dtype=params.dtype, device=params.device), torch.empty_like(params)
+        for length in lengths.unique().tolist():
+            group = clients[lengths == length]
+            losses[group], grads[group] = self._objective_pass(
+                params, (inputs[group, :length], targets[group, :length], weights[group, :length]), group, loss_fn,
+                False)
+        return losses, grads
+
+    def forward_at(self, params: Tensor, buffers: Tensor, train: bool = False) -> ModelForward:
+        """The clients' frozen passes, each at its row of `params` with its row of running statistics `buffers`
+        (one row serves all): in eval mode through the model's own layers, in train mode through BatchedModule.frozen.
+        They run inside objective_loss_and_grad, whose batched computation picks each client's rows."""
+        clients = len(self.client_tasks)
+        params, buffers = params.detach().expand(clients, -1), buffers.detach().expand(clients, -1)
+        tensors, offset = {}, 0
+        for name, shape, size in self.shapes:
+            tensors[name] = params[:, offset:offset + size].view(clients, *shape)
+            offset += size
+        if not train:
+            offset = 0
+            for name, buffer in self.model.module.named_buffers():
+                if buffer.is_floating_point():
+                    tensors[name] = buffers[:, offset:offset + buffer.numel()].view(clients, *buffer.shape)
+                    offset += buffer.numel()
+        module = self.batched.frozen if train else self.model.module
+        return StackedForward(module, structure_of(self.model.module), tensors, train, self.frozen_rows)
+
+    def _objective_pass(self, params: Tensor, batch: tuple[Tensor, Tensor, Tensor], clients: Tensor,
+                        loss_fn: OutputLoss, weighted: bool) -> tuple[Tensor, Tensor]:
+        """objective_loss_and_grad for `clients` (indices into the stack), whose batches `batch` are."""
+        rows = params if len(clients) == len(self.client_tasks) else params[clients]
+        layout = self._objective_layout(loss_fn, rows, batch, weighted)
+        masks = self._objective_masks(layout, clients)
+        per_client = vmap(grad_and_value(partial(self._objective_loss, loss_fn, weighted), has_aux=True))
+        grads, (losses, statistics) = per_client(rows, *batch, masks, clients)
+        if params is self.resident and layout.norms:
+            buffers = self.stacked_buffers if rows is params else self.stacked_buffers[clients]
+            self.batched.track(buffers, statistics, layout)
+            if rows is not params:
+                self.stacked_buffers[clients] = buffers
+        return losses.detach(), grads
+
+    def _objective_loss(self, loss_fn: OutputLoss, weighted: bool, flat: Tensor, inputs: Tensor, targets: Tensor,
+                        weights: Tensor, masks: tuple[Tensor, ...], client: Tensor) -> tuple[Tensor, tuple]:
+        """One client's objective at `flat` (under vmap): its frozen passes take its rows, its dropout calls
+        `masks` in call order; with the statistics of the trained model's BatchNorm calls."""
+        self.batched.state.masks = deque(masks)
+        self.batched.state.rows = weights
+        # stacked[client] would read the index's value, which a batched computation has none of.
+        self.frozen_rows.select = lambda stacked: stacked.index_select(0, client.unsqueeze(0))[0]
+        try:
+            loss = _call(loss_fn, weighted, self._trained(flat), inputs, targets, weights)
+        finally:
+            self.frozen_rows.select = None
+        statistics = tuple(self.batched.state.statistics)
+        # tensors of a transform's levels, invalid once it returns
+        self.batched.state.statistics, self.batched.state.rows = [], None
+        return loss, statistics
+
+    def _trained(self, flat: Tensor) -> ModelForward:
+        """The trained model's passes at `flat`, through BatchedModule's layers."""
+        named, offset = {}, 0
+        for name, shape, size in self.shapes:
+            named[name] = flat[offset:offset + size].view(shape)
+            offset += size
+        return ModelForward(self.batched.module, structure_of(self.model.module), named)
+
+    def _objective_layout(self, loss_fn: OutputLoss, params: Tensor, batch: tuple[Tensor, Tensor, Tensor],
+                          weighted: bool) -> Layout:
+        """The Layout of `loss_fn`'s passes over one client's batch shaped as `batch`'s: the dropout calls of its
+        trained and frozen passes, and the trained model's BatchNorm calls, in call order (the loss may run the
+        model more than once, and frozen passes between), from a pass of the first client of `params` (clients, d)
+        and `batch` (on the meta device such a loss's reductions take longer than the pass)."""
+        if not (self.batched.draws_masks or self.batched.running):
+            return Layout()
+        key = (loss_fn, *((tuple(part.shape[1:]), part.dtype) for part in batch))
+        if key not in self.objective_layouts:
+            self.batched.state.layout = Layout()
+            self.frozen_rows.select = lambda stacked: stacked[0]
+            try:
+                with torch.no_grad():
+                    _call(loss_fn, weighted, self._trained(params[0]), *(part[0] for part in batch))
+                self.objective_layouts[key] = self.batched.state.layout
+            finally:
+                self.batched.state.layout = None
+                self.frozen_rows.select = None
+        return self.objective_layouts[key]
+
+    def _objective_masks(self, layout: Layout, clients: Tensor) -> tuple[Tensor, ...]:
+        """Each dropout call's masks for one objective pass of `clients`, stacked over them, as _draw_masks
+        draws a plain pass's: each client's from its own stream, in the call order of `layout`."""
+        if not layout.dropouts:
+            return ()
+        ones = [torch.ones(shape, dtype=self.model.params.dtype, device=self.model.device)
+                for _, shape in layout.dropouts]
+        saved = self.generator.get_state()
+        per_call = [[] for _ in layout.dropouts]
+        for client in clients.tolist():
+            self.generator.set_state(self.dropout_states[client])
+            for masks, (rate, _), call_ones in zip(per_call, layout.dropouts, ones):
+                masks.append(F.dropout(call_ones, rate, training=True))
+            self.dropout_states[client] = self.generator.get_state()
+        self.generator.set_state(saved)
+        return tuple(torch.stack(masks) for masks in per_call)
+
     def _seeded_states(self, seeds: list[int]) -> list[Tensor]:
         saved = self.generator.get_state()
         states = []
@@ -363,9 +509,49 @@ class ClientBatchTask:
         return tuple(torch.stack(masks) for masks in per_call)
 
 
+def _padded_rows(rows: list[Tensor], length: int) -> Tensor:
+    """`rows` (each (n_i, ...)) stacked, each padded with zeros to `length`."""
+    stacked = pad_sequence(rows, batch_first=True)
+    missing = length - stacked.shape[1]
+    return stacked if not missing else F.pad(stacked, (0, 0) * (stacked.dim() - 2) + (0, missing))
+
+
 def _lengths(weights: Tensor) -> list[int]:
     """Each client's real rows in a stacked batch, from its row weights (ClientBatchTask._stacked)."""
     return weights.sum(dim=1).long().tolist()
+
+
+class FrozenRows:
+    """Which rows of a stacked tensor a frozen pass takes: set by ClientBatchTask while an objective's pass runs
+    (the rows of the client its batched computation is at; the first client's while its Layout is found)."""
+
+    def __init__(self):
+        self.select: Callable[[Tensor], Tensor] | None = None
+
+    def __call__(self, stacked: Tensor) -> Tensor:
+        if self.select is None:
+            raise RuntimeError("a stack of clients runs its frozen passes (forward_at) only inside its objective's "
+                               "loss (objective_loss_and_grad)")
+        return self.select(stacked)
+
+
+class StackedForward(ModelForward):
+    """Frozen passes of a stack of clients (ClientBatchTask.forward_at): `tensors` hold a row per client, and
+    each pass takes the rows that `rows` selects."""
+
+    def __init__(self, module: nn.Module, structure: Structure, tensors: dict[str, Tensor], train: bool,
+                 rows: FrozenRows):
+        super().__init__(module, structure, tensors, train)
+        self.rows = rows
+
+    def _tensors(self, start: int, stop: int) -> dict[str, Tensor]:
+        return {name: self.rows(stacked) for name, stacked in super()._tensors(start, stop).items()}
+
+
+def _call(loss_fn: OutputLoss, weighted: bool, model: ModelForward, inputs: Tensor, targets: Tensor,
+          weights: Tensor) -> Tensor:
+    """One client's objective on its batch, given its per-row weights where the loss takes them."""
+    return loss_fn(model, inputs, targets, weights=weights) if weighted else loss_fn(model, inputs, targets)
 
 
 def _default_generator(device: torch.device) -> torch.Generator:

@@ -55,6 +55,7 @@ class ClientTask:
         self.sample_indices = sample_indices
         self.num_samples = len(sample_indices)
         self.batch_size = min(batch_size, self.num_samples)
+        self.requested_batch_size = batch_size
         self.generator = generator
         # A stream of its own, so that turning data.augment on or off leaves the minibatches as they were.
         self.augment_generator = augment_generator

@@ -118,7 +118,7 @@ class ModelForward:
         children = self.module[start:stop]
         if self.tensors_by_child is None:
             return children(inputs)
-        tensors = {name: tensor for child in self.tensors_by_child[start:stop] for name, tensor in child.items()}
+        tensors = self._tensors(start, stop)
         if self.train:
             return functional_call(children, tensors, (inputs,))
         self.module.eval()
@@ -126,3 +126,7 @@ class ModelForward:
             return functional_call(children, tensors, (inputs,))
         finally:
             self.module.train()
+
+    def _tensors(self, start: int, stop: int) -> dict[str, Tensor]:
+        """The tensors of children [start, stop) by name, for a frozen pass."""
+        return {name: tensor for child in self.tensors_by_child[start:stop] for name, tensor in child.items()}
