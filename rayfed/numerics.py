@@ -45,3 +45,46 @@ def combine64(base: Tensor, weights: Tensor, rows: Tensor) -> Tensor:
         stop = start + chunk
         out[start:stop] = (base[start:stop].double() + weights @ rows[:, start:stop].double()).to(base.dtype)
     return out
+
+
+
+def stacked_gram64(parts: Sequence[Tensor], blocks: Sequence[tuple[int, int]]) -> Tensor:
+    """(B, blocks, R, R) float64: the inner products among the R rows of each of B stacks, restricted
+    to each [start, stop) block of coordinates; the stacks are `parts` (each (B, r, d)) one after
+    another along dim 1. Each chunk of columns is cast to float64 once, into one buffer: the product of
+    two separately cast buffers of one size ran up to 20x slower (their addresses alias in the cache).
+    The columns per chunk depend on R alone, so a stack gets the same bits whatever the stacks beside it."""
+    batch, count = parts[0].shape[0], sum(part.shape[1] for part in parts)
+    device = parts[0].device
+    out = torch.zeros(batch, len(blocks), count, count, dtype=torch.float64, device=device)
+    chunk = _chunk(count)
+    for index, (start, stop) in enumerate(blocks):
+        for low in range(start, stop, chunk):
+            high = min(low + chunk, stop)
+            stacked = torch.empty(batch, count, high - low, dtype=torch.float64, device=device)
+            row = 0
+            for part in parts:
+                stacked[:, row:row + part.shape[1]] = part[:, :, low:high]
+                row += part.shape[1]
+            out[:, index] += stacked @ stacked.transpose(1, 2)
+    return out
+
+
+def stacked_combine64(base: Tensor, weights: Tensor, rows: Tensor, blocks: Sequence[tuple[int, int]],
+                      use: Tensor) -> tuple[Tensor, Tensor]:
+    """(B, d): base + weights[:, t] @ rows on each block t of coordinates where use[:, t], computed in
+    float64 and returned in base's dtype, and base itself on the other blocks; base (B, d), weights
+    (B, blocks, r) float64, rows (B, r, d), use (B, blocks) bool. Also (B, blocks) bool: whether each
+    block came out finite (a cast back to base's dtype can overflow), checked chunk by chunk while in cache."""
+    out = torch.empty_like(base)
+    finite = torch.ones_like(use)
+    chunk = _chunk(rows.shape[1] + 1)
+    for index, (start, stop) in enumerate(blocks):
+        for low in range(start, stop, chunk):
+            high = min(low + chunk, stop)
+            combined = (weights[:, index, None, :] @ rows[:, :, low:high].double())[:, 0]
+            part = (base[:, low:high].double() + combined).to(base.dtype)
+            part = torch.where(use[:, index, None], part, base[:, low:high])
+            out[:, low:high] = part
+            finite[:, index] &= part.isfinite().all(1)
+    return out, finite

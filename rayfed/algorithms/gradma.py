@@ -24,7 +24,7 @@ from rayfed.algorithms.params import AlgorithmParams, RunFacts
 from rayfed.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerState
 from rayfed.errors import ConfigError
 from rayfed.fields import Coefficient, Decay, count
-from rayfed.qp import QPInfo, cone_project, cone_project_blocks
+from rayfed.qp import QPInfo, QPStats, cone_project, cone_project_batch, cone_project_blocks
 
 
 @dataclass
@@ -141,34 +141,49 @@ class GradMA(Algorithm):
         if not self.correct_locally:
             local, mean_loss = local_sgd(task, global_params, self.lr_local)
             return Upload({"model_change": local - global_params}, task.num_samples, {"train_loss": mean_loss}), None
-        local, mean_loss, infos = self._worker_update(task, global_params, client_state)
-        metrics = {"train_loss": mean_loss, **_combine([_qp_row(info, "qp_local") for info in infos], "qp_local")}
+        local, mean_loss, qp_metrics = self._worker_update(task, global_params, client_state)
         new_state = GradMAClientState(local.clone()) if self.anchor_mode == "last_local" else None
-        return Upload({"model_change": local - global_params}, task.num_samples, metrics), new_state
+        return (Upload({"model_change": local - global_params}, task.num_samples,
+                       {"train_loss": mean_loss, **qp_metrics}), new_state)
 
     def _worker_update(self, task: ClientTask, global_params: Tensor,
-                       client_state: GradMAClientState | None) -> tuple[Tensor, float, list[QPInfo]]:
+                       client_state: GradMAClientState | None) -> tuple[Tensor, float | Tensor, dict]:
         """Worker_Update (Alg. 2): I steps along the QP-corrected gradient; the three constraint
-        gradients are taken on the step's own minibatch."""
-        use_last_local = self.anchor_mode == "last_local" and client_state is not None
-        previous = client_state.last_local if use_last_local else global_params      # x_{t,-1}
+        gradients are taken on the step's own minibatch. Broadcasting throughout: with a stack of
+        clients (a ClientBatchTask) the iterates are (clients, d) and every pass and QP is batched.
+        The QP diagnostics stay tensors until the last step, so a step waits for no device."""
         current = task.start_from(global_params)                                       # x_{t,0}
+        anchor = global_params.expand_as(current)                                     # x_t, one row per client
+        use_last_local = self.anchor_mode == "last_local" and client_state is not None
+        previous = client_state.last_local if use_last_local else anchor              # x_{t,-1}
         lr = self.lr_local * task.lr_factor
-        loss_sum, infos = 0.0, []
+        loss_sum, steps = 0.0, _StepDiagnostics(current)
         for _ in range(task.steps):
             batch = task.next_batch()
             loss, grad = task.loss_and_grad(current, batch)
             gradient = grad.clone()
-            loss_sum += float(loss)
+            loss_sum = loss_sum + loss.double()
             at_previous = task.loss_and_grad(previous, batch)[1].clone()              # a1
-            at_global = task.loss_and_grad(global_params, batch)[1].clone()           # a2
-            constraints = torch.stack([at_previous, at_global, current - global_params])   # a3 = x_tau - x_t
-            corrected, info = self._project(gradient, constraints, self.qp_margin_local)
-            infos.append(info)
+            at_global = task.loss_and_grad(anchor, batch)[1].clone()                  # a2
+            constraints = torch.stack([at_previous, at_global, current - anchor], dim=-2)   # a3 = x_tau - x_t
+            corrected, stats = self._project_local(gradient, constraints)
+            steps.add(stats)
             previous = current.clone()
             task.decay(current, lr)
             current.sub_(corrected, alpha=lr)
-        return current, loss_sum / task.steps, infos
+        mean_loss, metrics = loss_sum / task.steps, steps.metrics(task.steps)
+        if current.ndim == 1:
+            return current, float(mean_loss), {name: value.item() for name, value in metrics.items()}
+        return current, mean_loss, metrics
+
+    def _project_local(self, gradient: Tensor, constraints: Tensor) -> tuple[Tensor, QPStats]:
+        """QP_l (Eq. 5) of one step: one client's (d,) gradient and (3, d) constraints, or a stack's."""
+        blocks = self.param_blocks if self.qp_scope == "tensor" else None
+        if gradient.ndim == 1:
+            corrected, stats = cone_project_batch(gradient[None], constraints[None], blocks,
+                                                  margin=self.qp_margin_local)
+            return corrected[0], stats
+        return cone_project_batch(gradient, constraints, blocks, margin=self.qp_margin_local)
 
     def server_step(self, state: GradMAServerState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[GradMAServerState, dict]:
@@ -198,14 +213,37 @@ class GradMA(Algorithm):
         return cone_project_blocks(vector, constraints, self.param_blocks, block_grams=gram, margin=margin)
 
 
+class _StepDiagnostics:
+    """A client's QP_l diagnostics summed over its local steps, as tensors of one entry per client;
+    metrics() gives what _combine gives for the steps' QPInfo rows."""
+
+    def __init__(self, params: Tensor):
+        clients = 1 if params.ndim == 1 else params.shape[0]
+        self.active = torch.zeros(clients, dtype=torch.int64, device=params.device)
+        self.change = torch.zeros(clients, dtype=torch.float64, device=params.device)
+        self.min_cosine = torch.full((clients,), math.nan, dtype=torch.float64, device=params.device)
+        self.failures = torch.zeros(clients, dtype=torch.int64, device=params.device)
+
+    def add(self, stats: QPStats) -> None:
+        self.active = self.active + stats.active
+        self.change = self.change + stats.relative_change
+        self.min_cosine = torch.fmin(self.min_cosine, stats.min_cosine)     # nan only while every step's is nan
+        self.failures = self.failures + stats.failed
+
+    def metrics(self, steps: int) -> dict[str, Tensor]:
+        """Per client: mean active constraints and relative change, smallest cosine, total failures."""
+        return {"qp_local_active": self.active.double() / steps, "qp_local_change": self.change / steps,
+                "qp_local_min_cosine": self.min_cosine, "qp_local_failures": self.failures}
+
+
 def _qp_row(info: QPInfo, prefix: str) -> dict[str, float]:
     return {f"{prefix}_active": info.active, f"{prefix}_change": info.relative_change,
             f"{prefix}_min_cosine": info.min_cosine, f"{prefix}_failures": int(info.failed)}
 
 
 def _combine(rows: list[dict[str, float]], prefix: str) -> dict[str, float]:
-    """QP diagnostics of several calls (a client's steps, or a round's clients): mean active
-    constraints and relative change, the smallest cosine, the total failures."""
+    """QP diagnostics of several calls (a round's clients): mean active constraints and relative
+    change, the smallest cosine, the total failures."""
     cosines = [row[f"{prefix}_min_cosine"] for row in rows if not math.isnan(row[f"{prefix}_min_cosine"])]
     return {
         f"{prefix}_active": sum(row[f"{prefix}_active"] for row in rows) / len(rows),
