@@ -345,7 +345,6 @@ def _without_unsupported_vectorize(config: Config, dataset, partition: Partition
     sizes = np.unique(partition.sizes)
     steps_differ = len({schedule.steps(0, int(size)) for size in sizes}) > 1
     reason = vectorize_blocker(config.algorithm.name, algorithm, model, steps_differ,
-                               compressed=config.compression.name != "identity",
                                sizes_differ_between_clients=len(sizes) > 1)
     if reason is None:
         return config

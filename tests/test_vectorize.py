@@ -43,6 +43,35 @@ def test_vectorized_clients_match_sequential_training(tmp_path, algorithm):
         assert vec_round["train_loss"] == pytest.approx(seq_round["train_loss"], rel=RTOL)
 
 
+@pytest.mark.parametrize("overrides", [
+    ["algorithm.name=scaffold", "algorithm.lr_global=0.8"],
+    ["algorithm.name=scaffold", "train.lr_decay=0.9", "train.max_grad_norm=1", "train.weight_decay=0.01"],
+    ["algorithm.name=fedcom", "compression.name=qsgd"],
+])
+def test_vectorized_clients_with_states_or_compressed_uploads_match_sequential_training(tmp_path, overrides):
+    """Each client trains from its own state (ClientStates) and keeps the state it trained into;
+    compressed uploads are encoded row by row, each from its client's stream."""
+    sequential = run(tmp_path, SMALL + overrides, "sequential")
+    vectorized = run(tmp_path, SMALL + overrides + ["engine.vectorize=true"], "vectorized")
+    assert vectorized.summary["vectorized"]
+    torch.testing.assert_close(vectorized.params, sequential.params, rtol=RTOL, atol=ATOL)
+    for seq_round, vec_round in zip(sequential.history, vectorized.history):
+        assert vec_round["train_loss"] == pytest.approx(seq_round["train_loss"], rel=RTOL)
+        assert vec_round.keys() == seq_round.keys()
+        for key in ("client_message_bits_mean", "compression_error", "bits_up"):
+            assert vec_round.get(key) == pytest.approx(seq_round.get(key), rel=1e-4)
+    assert ("compression_error" in vectorized.history[0]) == ("compression.name=qsgd" in overrides)
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
+def test_vectorized_runs_are_bitwise_the_same_for_any_number_of_workers(tmp_path, algorithm):
+    """A client's row of the batched computation does not depend on which clients share its batch."""
+    overrides = SMALL + [f"algorithm.name={algorithm}", "engine.vectorize=true"]
+    reference = run(tmp_path, overrides + ["engine.num_workers=1"], "one")
+    for workers in (2, 3):
+        assert_same_run(reference, run(tmp_path, overrides + [f"engine.num_workers={workers}"], f"w{workers}"))
+
+
 def test_vectorized_ray_workers_match_the_local_engine(tmp_path, ray_cluster):
     local = run(tmp_path, SMALL + ["engine.vectorize=true"], "local")
     ray_run = run(tmp_path, [*SMALL, *ON_RAY, "engine.num_workers=2", "engine.vectorize=true"], "ray")
@@ -52,9 +81,8 @@ def test_vectorized_ray_workers_match_the_local_engine(tmp_path, ray_cluster):
 
 @pytest.mark.parametrize("overrides, reason", [
     (["model.name=mlp", "model.hidden_sizes=[8]"], "BatchNorm1d layers need every client's minibatch of one size"),
-    (["algorithm.name=mifa"], "algorithm mifa has no batched local step"),
+    (["algorithm.name=mifa"], "algorithm mifa has no batched local step (it does not declare vectorizable)"),
     (["train.local_epochs=1", "train.batch_size=16"], "local epochs give this partition's clients different numbers"),
-    (["compression.name=qsgd"], "compressed uploads are encoded client by client"),
 ])
 def test_unbatchable_runs_say_why_and_train_sequentially(tmp_path, capsys, overrides, reason):
     fallback = run(tmp_path, SMALL + overrides + ["engine.vectorize=true"], "fallback")

@@ -171,7 +171,9 @@ CAPABILITIES: dict[str, str] = {
                           "returns): each trains on the worker that holds it. Set False for stateless clients: "
                           "they train on any worker and return None as their state.",
     "vectorizable": "`engine.vectorize`: given a ClientBatchTask, `client_train` trains a stack of clients at "
-                    "once (local_sgd plus broadcasting tensor ops, and no client state).",
+                    "once (local_sgd plus broadcasting tensor ops): its uploads and metrics come back stacked over "
+                    "the clients, and with `keeps_client_state` it takes their states as ClientStates and returns "
+                    "one state per client (`client_rows` and `per_client` write one code path for both).",
     "compressed_upload": "The name of the upload that a compressor (`compression.*`) may encode on its way to "
                          "the server: one model update, decoded before `server_step`. None: its uploads are not "
                          "compressed.",
@@ -371,6 +373,28 @@ def weighted_average(uploads: dict[int, Upload] | SummedUploads, name: str, weig
     for upload in uploads.values():
         total.add_(upload.tensors[name], alpha=upload.num_samples / num_samples)
     return total
+
+
+class ClientStates(list):
+    """The states of a stack of clients (engine.vectorize), one per client in the stack's order, as
+    `client_train` takes them in place of one client's state: None for a client without one."""
+
+
+def client_rows(client_state: Any, read: Callable[[Any], Tensor], default: Tensor) -> Tensor:
+    """`read(client_state)`, or `default` where there is no state; for ClientStates, one such row per
+    client, stacked."""
+    if not isinstance(client_state, ClientStates):
+        return default if client_state is None else read(client_state)
+    return torch.stack([default if state is None else read(state) for state in client_state])
+
+
+def per_client(client_state: Any, make: Callable[..., Any], **rows: Tensor) -> Any:
+    """The new client state `make(**rows)`; where `client_state` is ClientStates (a stack of clients),
+    one state per client, made of its own row of each of `rows` (a copy, so no state holds the stack)."""
+    if not isinstance(client_state, ClientStates):
+        return make(**rows)
+    return ClientStates(make(**{name: stacked[row].clone() for name, stacked in rows.items()})
+                        for row in range(len(client_state)))
 
 
 def local_descent(task: ClientTask, start: Tensor, lr: float, direction: Callable[[Tensor, Tensor, int], Tensor],

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rayfed.algorithms.base import (FLOAT32_BYTES, Algorithm, AlgorithmContext, ClientTask, RoundInfo, Upload,
-                                    from_keywords, local_descent, register_algorithm, weighted_average)
+from rayfed.algorithms.base import (FLOAT32_BYTES, Algorithm, AlgorithmContext, ClientStates, ClientTask, RoundInfo,
+                                    Upload, client_rows, from_keywords, local_descent, per_client, register_algorithm,
+                                    weighted_average)
 from rayfed.algorithms.params import AlgorithmParams
 
 
@@ -38,6 +39,7 @@ class Scaffold(Algorithm):
     runs_async = True
     state_classes = (ScaffoldServerState, ScaffoldClientState)
     keeps_client_state = True
+    vectorizable = True
 
     @classmethod
     def from_params(cls, params: AlgorithmParams, context: AlgorithmContext) -> "Scaffold":
@@ -66,17 +68,17 @@ class Scaffold(Algorithm):
     def upload_size(self, num_params: int) -> int:
         return 2 * num_params
 
-    def client_train(self, task: ClientTask, down: dict[str, Tensor],
-                     client_state: ScaffoldClientState | None) -> tuple[Upload, ScaffoldClientState]:
+    def client_train(self, task: ClientTask, down: dict[str, Tensor], client_state: ScaffoldClientState | None
+                     | ClientStates) -> tuple[Upload, ScaffoldClientState | ClientStates]:
         params, control = down["params"], down["control"]
-        own = client_state.control if client_state is not None else torch.zeros_like(params)
+        own = client_rows(client_state, lambda state: state.control, torch.zeros_like(params))
         correction = control - own
         local, mean_loss = local_descent(task, params, self.lr_local, lambda grad, x, step: grad + correction)
         lr = self.lr_local * task.lr_factor
         new_control = own - control + (params - local) / (task.steps * lr)
         return (Upload({"model_change": local - params, "control_change": new_control - own}, task.num_samples,
                        {"train_loss": mean_loss}),
-                ScaffoldClientState(control=new_control))
+                per_client(client_state, ScaffoldClientState, control=new_control))
 
     def server_step(self, state: ScaffoldServerState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[ScaffoldServerState, dict]:

@@ -21,6 +21,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from torch.nn.utils.rnn import pad_sequence
 
 from rayfed.algorithms.base import Algorithm
+from rayfed.engine.pack import current_member
 from rayfed.models import FlatModel
 
 # Samples per forward pass of a full local gradient: bounds its memory whatever a client holds.
@@ -28,13 +29,11 @@ FULL_GRADIENT_CHUNK = 1024
 
 
 def vectorize_blocker(algorithm_name: str, algorithm: Algorithm, module: nn.Module,
-                      steps_differ_between_clients: bool = False, compressed: bool = False,
+                      steps_differ_between_clients: bool = False,
                       sizes_differ_between_clients: bool = False) -> str | None:
     """Why this algorithm and model cannot train clients as one batch; None when they can."""
     if not algorithm.vectorizable:
-        return f"algorithm {algorithm_name} has no batched local step (its clients keep state or correct their steps)"
-    if compressed:
-        return "compressed uploads are encoded client by client, each from its own stream"
+        return f"algorithm {algorithm_name} has no batched local step (it does not declare vectorizable)"
     if steps_differ_between_clients:
         return ("local epochs give this partition's clients different numbers of local steps, which one "
                 "batched computation does not take")
@@ -261,7 +260,7 @@ class ClientBatchTask:
             present = [i for i, c in enumerate(chunk) if len(c)]
             inputs, targets, weights = self._stacked([chunk[i] for i in present], augment=False)
             masks = self._draw_masks(inputs[0], present)
-            grads, (losses, _) = self.per_client_grad(params[present], inputs, targets, weights, masks)
+            grads, (losses, _) = self._per_client_grad(params[present], inputs, targets, weights, masks)
             sizes = weights.sum(dim=1)
             loss_sum[present] += losses.detach().double() * sizes.double()
             grad_sum[present] += grads * sizes[:, None]
@@ -269,10 +268,23 @@ class ClientBatchTask:
 
     def _pass(self, params: Tensor, batch: tuple[Tensor, Tensor, Tensor],
               masks: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
-        (grads, (losses, statistics)) = self.per_client_grad(params, *batch, masks)
+        (grads, (losses, statistics)) = self._per_client_grad(params, *batch, masks)
         if params is self.resident:
             self.batched.track(self.stacked_buffers, statistics, self.batched.layout(batch[0][0]))
         return losses.detach(), grads
+
+    def _per_client_grad(self, params: Tensor, inputs: Tensor, targets: Tensor, weights: Tensor,
+                         masks: tuple[Tensor, ...]) -> tuple[Tensor, tuple]:
+        """Each client's gradient and (loss, statistics) at its row of `params`; in a pack
+        (rayfed.engine.pack), computed together with the other packed runs' clients."""
+        member = current_member()
+        if member is None:
+            return self.per_client_grad(params, inputs, targets, weights, masks)
+        return member.per_client_pass(self._gradients_of_rows, params, inputs, targets, weights, *masks)
+
+    def _gradients_of_rows(self, params: Tensor, inputs: Tensor, targets: Tensor, weights: Tensor,
+                           *masks: Tensor) -> tuple[Tensor, tuple]:
+        return self.per_client_grad(params, inputs, targets, weights, masks)
 
     def _loss(self, flat: Tensor, inputs: Tensor, targets: Tensor, weights: Tensor,
               masks: tuple[Tensor, ...]) -> tuple[Tensor, tuple]:

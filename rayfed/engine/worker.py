@@ -12,7 +12,7 @@ from torch import Tensor
 
 from rayfed.algorithms.base import Batch, Upload
 from rayfed.algorithms.local_training import LocalSchedule, TrainingTask
-from rayfed.algorithms.base import AlgorithmContext, build_algorithm, check_state_declared
+from rayfed.algorithms.base import AlgorithmContext, ClientStates, build_algorithm, check_state_declared
 from rayfed.compression.codec import Codec
 from rayfed.config import Config
 from rayfed.data.augment import random_crop_flip
@@ -207,11 +207,19 @@ class ClientWorker:
         buffers = down.buffers.to(self.device)
         # engine.partial_sums: the clients' uploads go as their exact sums, weighted as the server averages them.
         weighting = self.config.algorithm.agg_weighting if self.config.engine.partial_sums else None
-        if self.batched is not None:
+        if self.batched is not None and self.codec.compressor is None and not self.algorithm.replies:
             upload, client_buffers = self._train_clients_together(round, client_ids, tensors, buffers, seed)
             trained = time.perf_counter()
             packed = (WorkerResult.from_stacked(client_ids, upload, client_buffers) if weighting is None else
                       WorkerSums.from_stacked(client_ids, upload, client_buffers, weighting))
+        elif self.batched is not None:
+            # Compressed or replied-to uploads are encoded client by client, each from its own stream.
+            upload, client_buffers = self._train_clients_together(round, client_ids, tensors, buffers, seed)
+            results = WorkerResult.from_stacked(client_ids, upload, client_buffers).unpack()
+            for result in results:
+                self._encode(result.upload, round, result.client_id)
+            trained = time.perf_counter()
+            packed = WorkerResult.pack(results) if weighting is None else WorkerSums.pack(results, weighting)
         else:
             results = [self._train_client(round, client_id, tensors, buffers, seed) for client_id in client_ids]
             trained = time.perf_counter()
@@ -246,38 +254,53 @@ class ClientWorker:
         self.model.buffers.copy_(buffers)
         client_task = self._client_task(round, client_id, seed)
         task = self._training_task(client_task, round, client_task.num_samples)
-        state = self.client_states.get(client_id)
-        if state is None:
-            state = self.algorithm.client_init(client_id)
-        upload, state = self.algorithm.client_train(task, tensors, state)
+        upload, state = self.algorithm.client_train(task, tensors, self._state_of(client_id))
         upload.metrics["local_steps"] = task.steps
-        sent = self.codec.encode(upload, round, client_id)
-        if self.algorithm.replies:
-            self.sent_updates[client_id] = sent
-        if state is not None:
-            if type(state) not in self.checked_state_types:
-                check_state_declared(self.algorithm, self.config.algorithm.name, state, "client")
-                self.checked_state_types.add(type(state))
-            if not self.algorithm.keeps_client_state:
-                # Its clients train on any worker and commit nothing, so the state would be lost.
-                raise ConfigError(f"algorithm {self.config.algorithm.name!r} returned a client state of class "
-                                  f"{type(state).__name__} but declares keeps_client_state = False; set it to True")
-            self.pending_states[client_id] = state
+        self._encode(upload, round, client_id)
+        self._keep(client_id, state)
         upload.tensors = {name: t.cpu() for name, t in upload.tensors.items()}
         return ClientResult(client_id, upload, self.model.buffers.cpu().clone())
 
+    def _state_of(self, client_id: int) -> Any:
+        """The client's committed state, or its initial one before its first round."""
+        state = self.client_states.get(client_id)
+        return self.algorithm.client_init(client_id) if state is None else state
+
+    def _encode(self, upload: Upload, round: int, client_id: int) -> None:
+        """The upload as it travels (compression.*), kept as the server decodes it where the server replies."""
+        sent = self.codec.encode(upload, round, client_id)
+        if self.algorithm.replies:
+            self.sent_updates[client_id] = sent
+
+    def _keep(self, client_id: int, state: Any) -> None:
+        """The state the client trained into, pending until its upload counts."""
+        if state is None:
+            return
+        if type(state) not in self.checked_state_types:
+            check_state_declared(self.algorithm, self.config.algorithm.name, state, "client")
+            self.checked_state_types.add(type(state))
+        if not self.algorithm.keeps_client_state:
+            # Its clients train on any worker and commit nothing, so the state would be lost.
+            raise ConfigError(f"algorithm {self.config.algorithm.name!r} returned a client state of class "
+                              f"{type(state).__name__} but declares keeps_client_state = False; set it to True")
+        self.pending_states[client_id] = state
+
     def _train_clients_together(self, round: int, client_ids: list[int], tensors: dict[str, Tensor],
                                 buffers: Tensor, seed: int) -> tuple[Upload, Tensor]:
-        """engine.vectorize: one batched local training for all of `client_ids` (stateless algorithms, checked
-        before the run starts). The upload's tensors and metrics, and the clients' running statistics
-        (clients, buffer entries), are stacked in `client_ids` order."""
+        """engine.vectorize: one batched local training for all of `client_ids`, each from its own state
+        (ClientStates). The upload's tensors and metrics, and the clients' running statistics (clients,
+        buffer entries), are stacked in `client_ids` order."""
         tasks = [self._client_task(round, client_id, seed, rows)
                  for client_id, rows in zip(client_ids, self.clients.materialise(client_ids))]
         batch = ClientBatchTask(self.model, self.batched, tasks, buffers,
                                 [derive_seed(seed, Purpose.DROPOUT, round, client_id) for client_id in client_ids])
         # Every client takes the same number of steps here: vectorize_blocker refuses partitions where they differ.
         task = self._training_task(batch, round, tasks[0].num_samples)
-        upload = self.algorithm.client_train(task, tensors, None)[0]
+        states = (ClientStates(self._state_of(client_id) for client_id in client_ids)
+                  if self.algorithm.keeps_client_state else None)
+        upload, new_states = self.algorithm.client_train(task, tensors, states)
+        for client_id, state in zip(client_ids, new_states or ()):
+            self._keep(client_id, state)
         upload.metrics["local_steps"] = torch.full((len(tasks),), task.steps)
         return upload, batch.buffers()
 
