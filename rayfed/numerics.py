@@ -14,6 +14,8 @@ from torch import Tensor
 # Float64 elements of the temporaries per chunk (2 MB): small enough to stay in cache, which
 # matters more than the number of chunks (for 100 rows, 65536 columns a chunk ran 3x slower).
 TEMPORARY_ELEMENTS = 1 << 18
+# Float64 elements in 64 bytes: the alignment of an allocation, and of every stack in stacked_gram64.
+ALIGNMENT = 8
 
 
 def _chunk(total_rows: int) -> int:
@@ -53,7 +55,10 @@ def stacked_gram64(parts: Sequence[Tensor], blocks: Sequence[tuple[int, int]]) -
     to each [start, stop) block of coordinates; the stacks are `parts` (each (B, r, d)) one after
     another along dim 1. Each chunk of columns is cast to float64 once, into one buffer: the product of
     two separately cast buffers of one size ran up to 20x slower (their addresses alias in the cache).
-    The columns per chunk depend on R alone, so a stack gets the same bits whatever the stacks beside it."""
+    A stack gets the same bits whatever the stacks beside it: the columns per chunk depend on R alone,
+    each stack's product is a matrix product of its own (a batched one may sum in another order for
+    another batch size), and each stack's rows start on a 64-byte boundary (BLAS sums misaligned
+    rows in another order)."""
     batch, count = parts[0].shape[0], sum(part.shape[1] for part in parts)
     device = parts[0].device
     out = torch.zeros(batch, len(blocks), count, count, dtype=torch.float64, device=device)
@@ -61,12 +66,14 @@ def stacked_gram64(parts: Sequence[Tensor], blocks: Sequence[tuple[int, int]]) -
     for index, (start, stop) in enumerate(blocks):
         for low in range(start, stop, chunk):
             high = min(low + chunk, stop)
-            stacked = torch.empty(batch, count, high - low, dtype=torch.float64, device=device)
+            padded = -(high - low) // ALIGNMENT * -ALIGNMENT
+            stacked = torch.empty(batch, count, padded, dtype=torch.float64, device=device)[:, :, :high - low]
             row = 0
             for part in parts:
                 stacked[:, row:row + part.shape[1]] = part[:, :, low:high]
                 row += part.shape[1]
-            out[:, index] += stacked @ stacked.transpose(1, 2)
+            for row_stack, block_gram in zip(stacked, out[:, index]):
+                block_gram += row_stack @ row_stack.T
     return out
 
 
@@ -75,15 +82,19 @@ def stacked_combine64(base: Tensor, weights: Tensor, rows: Tensor, blocks: Seque
     """(B, d): base + weights[:, t] @ rows on each block t of coordinates where use[:, t], computed in
     float64 and returned in base's dtype, and base itself on the other blocks; base (B, d), weights
     (B, blocks, r) float64, rows (B, r, d), use (B, blocks) bool. Also (B, blocks) bool: whether each
-    block came out finite (a cast back to base's dtype can overflow), checked chunk by chunk while in cache."""
+    block came out finite (a cast back to base's dtype can overflow), checked chunk by chunk while in cache.
+    The sum runs over the rows in order, element by element, so a stack's bits do not depend on the others."""
     out = torch.empty_like(base)
     finite = torch.ones_like(use)
     chunk = _chunk(rows.shape[1] + 1)
     for index, (start, stop) in enumerate(blocks):
         for low in range(start, stop, chunk):
             high = min(low + chunk, stop)
-            combined = (weights[:, index, None, :] @ rows[:, :, low:high].double())[:, 0]
-            part = (base[:, low:high].double() + combined).to(base.dtype)
+            # A copy even in float64, where .double() would be base itself and += would write into it.
+            combined = base[:, low:high].to(torch.float64, copy=True)
+            for row in range(rows.shape[1]):
+                combined += weights[:, index, row, None] * rows[:, row, low:high]
+            part = combined.to(base.dtype)
             part = torch.where(use[:, index, None], part, base[:, low:high])
             out[:, low:high] = part
             finite[:, index] &= part.isfinite().all(1)

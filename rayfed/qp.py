@@ -174,7 +174,9 @@ def _solve_projections(gram: Tensor, b: Tensor, p_dots: Tensor, margin: float, r
 
     # Diagnostics from the float64 algebra, with no further pass over M: <ptilde, M_j> = b_j + (Q z)_j
     # and ||ptilde||^2 = ||p||^2 + 2 b.z + z^T Q z.
-    gram_z = torch.einsum("...ij,...j->...i", gram, z)
+    # Products and sums over the last dimension, not einsum: its batched product sums in an order that
+    # depends on the batch size, and a client's diagnostics must not depend on the clients beside it.
+    gram_z = (gram * z[..., None, :]).sum(-1)
     inner = b + gram_z
     change2 = (z * gram_z).sum(-1).clamp(min=0.0)
     out_norms2 = (p_dots + 2 * (b * z).sum(-1) + change2).clamp(min=0.0)
@@ -266,7 +268,7 @@ def _enumerate_supports(Q: Tensor, b: Tensor) -> Tensor:
     systems = torch.where(inside, Q[:, None], eye)
     rhs = torch.where(masks, -b[:, None], 0.0)
     z, info = torch.linalg.solve_ex(systems, rhs)
-    gradient = torch.einsum("bjk,bsk->bsj", Q, z) + b[:, None]
+    gradient = (Q[:, None] * z[:, :, None, :]).sum(-1) + b[:, None]
     # The residual on A is checked too: a nearly singular Q_AA (dependent rows, no ridge) can give
     # a huge z_A that solves the system only loosely, and must not pass for a KKT point.
     stationarity = torch.where(masks, gradient.abs(), -gradient).clamp(min=0.0).amax(2)

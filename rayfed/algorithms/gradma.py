@@ -17,8 +17,9 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from rayfed.algorithms.base import (FLOAT32_BYTES, Algorithm, AlgorithmContext, ClientTask, RoundInfo, Upload,
-                                    from_keywords, local_sgd, register_algorithm, weighted_average)
+from rayfed.algorithms.base import (FLOAT32_BYTES, Algorithm, AlgorithmContext, ClientStates, ClientTask, RoundInfo,
+                                    Upload, client_rows, from_keywords, local_sgd, per_client, register_algorithm,
+                                    weighted_average)
 from rayfed.algorithms.memory import GradientMemory
 from rayfed.algorithms.params import AlgorithmParams, RunFacts
 from rayfed.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerState
@@ -79,6 +80,7 @@ class GradMA(Algorithm):
     server_lr = True
     weighted = True
     runs_async = True
+    vectorizable = True
     state_classes = (GradMAServerState, GradMAClientState, GradientMemory, ServerOptimizerState)
     fixed: ClassVar[dict[str, Any]] = {"correct_locally": True}
 
@@ -113,7 +115,6 @@ class GradMA(Algorithm):
         self.qp_margin_global = qp_margin_global
         self.agg_weighting = agg_weighting
         self.keeps_client_state = correct_locally and anchor_mode == "last_local"
-        self.vectorizable = not correct_locally     # GradMA-S trains clients with plain local SGD
         self.optimizer = ServerOptimizer("momentum", lr_global, beta1=beta1)
 
     def server_init(self, params: Tensor, num_clients: int) -> GradMAServerState:
@@ -135,27 +136,30 @@ class GradMA(Algorithm):
         memory = getattr(state, "memory", None)
         return super().state_bytes(state) + (memory.nbytes if memory is not None else 0)
 
-    def client_train(self, task: ClientTask, down: dict[str, Tensor],
-                     client_state: GradMAClientState | None) -> tuple[Upload, GradMAClientState | None]:
+    def client_train(self, task: ClientTask, down: dict[str, Tensor], client_state: GradMAClientState | None
+                     | ClientStates) -> tuple[Upload, GradMAClientState | ClientStates | None]:
         global_params = down["params"]
         if not self.correct_locally:
             local, mean_loss = local_sgd(task, global_params, self.lr_local)
             return Upload({"model_change": local - global_params}, task.num_samples, {"train_loss": mean_loss}), None
         local, mean_loss, qp_metrics = self._worker_update(task, global_params, client_state)
-        new_state = GradMAClientState(local.clone()) if self.anchor_mode == "last_local" else None
+        new_state = (per_client(client_state, GradMAClientState, last_local=local.clone())
+                     if self.keeps_client_state else None)
         return (Upload({"model_change": local - global_params}, task.num_samples,
                        {"train_loss": mean_loss, **qp_metrics}), new_state)
 
-    def _worker_update(self, task: ClientTask, global_params: Tensor,
-                       client_state: GradMAClientState | None) -> tuple[Tensor, float | Tensor, dict]:
+    def _worker_update(self, task: ClientTask, global_params: Tensor, client_state: GradMAClientState | None
+                       | ClientStates) -> tuple[Tensor, float | Tensor, dict]:
         """Worker_Update (Alg. 2): I steps along the QP-corrected gradient; the three constraint
         gradients are taken on the step's own minibatch. Broadcasting throughout: with a stack of
-        clients (a ClientBatchTask) the iterates are (clients, d) and every pass and QP is batched.
-        The QP diagnostics stay tensors until the last step, so a step waits for no device."""
+        clients (a ClientBatchTask and their ClientStates) the iterates are (clients, d) and every
+        pass and QP is batched. The QP diagnostics stay tensors until the last step, so a step waits
+        for no device."""
         current = task.start_from(global_params)                                       # x_{t,0}
         anchor = global_params.expand_as(current)                                     # x_t, one row per client
-        use_last_local = self.anchor_mode == "last_local" and client_state is not None
-        previous = client_state.last_local if use_last_local else anchor              # x_{t,-1}
+        previous = anchor                                                              # x_{t,-1}
+        if self.keeps_client_state:
+            previous = client_rows(client_state, lambda state: state.last_local, global_params)
         lr = self.lr_local * task.lr_factor
         loss_sum, steps = 0.0, _StepDiagnostics(current)
         for _ in range(task.steps):
