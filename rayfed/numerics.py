@@ -77,25 +77,25 @@ def stacked_gram64(parts: Sequence[Tensor], blocks: Sequence[tuple[int, int]]) -
     return out
 
 
-def stacked_combine64(base: Tensor, weights: Tensor, rows: Tensor, blocks: Sequence[tuple[int, int]],
+def stacked_combine64(base: Tensor, weights: Tensor, rows: Sequence[Tensor], blocks: Sequence[tuple[int, int]],
                       use: Tensor) -> tuple[Tensor, Tensor]:
-    """(B, d): base + weights[:, t] @ rows on each block t of coordinates where use[:, t], computed in
-    float64 and returned in base's dtype, and base itself on the other blocks; base (B, d), weights
-    (B, blocks, r) float64, rows (B, r, d), use (B, blocks) bool. Also (B, blocks) bool: whether each
-    block came out finite (a cast back to base's dtype can overflow), checked chunk by chunk while in cache.
-    The sum runs over the rows in order, element by element, so a stack's bits do not depend on the others."""
+    """(B, d): base + sum_j weights[:, t, j] rows[j] on each block t of coordinates where use[:, t],
+    computed in float64 and returned in base's dtype, and base itself on the other blocks; base (B, d),
+    weights (B, blocks, r) float64, rows r tensors (B, d), use (B, blocks) bool. Also (B, blocks) bool:
+    whether each block came out finite (a cast back to base's dtype can overflow), checked chunk by
+    chunk while in cache. The sum runs over the rows in order, element by element, so a stack's bits
+    do not depend on the others."""
     out = torch.empty_like(base)
     finite = torch.ones_like(use)
-    chunk = _chunk(rows.shape[1] + 1)
+    chunk = _chunk(len(rows) + 1)
     for index, (start, stop) in enumerate(blocks):
         for low in range(start, stop, chunk):
             high = min(low + chunk, stop)
-            # A copy even in float64, where .double() would be base itself and += would write into it.
+            # A copy even in float64, where .double() would be base itself and addcmul_ would write into it.
             combined = base[:, low:high].to(torch.float64, copy=True)
-            for row in range(rows.shape[1]):
-                combined += weights[:, index, row, None] * rows[:, row, low:high]
-            part = combined.to(base.dtype)
-            part = torch.where(use[:, index, None], part, base[:, low:high])
+            for row, weight in zip(rows, weights[:, index].unbind(1)):
+                combined.addcmul_(weight[:, None], row[:, low:high])
+            part = torch.where(use[:, index, None], combined.to(base.dtype), base[:, low:high])
             out[:, low:high] = part
             finite[:, index] &= part.isfinite().all(1)
     return out, finite

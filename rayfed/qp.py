@@ -124,25 +124,27 @@ def cone_project_blocks(p: Tensor, M: Tensor, blocks: Sequence[tuple[int, int]],
     return ptilde, stats.infos()[0]
 
 
-def cone_project_batch(p: Tensor, M: Tensor, blocks: Sequence[tuple[int, int]] | None = None, *,
+def cone_project_batch(p: Tensor, M: Tensor | Sequence[Tensor], blocks: Sequence[tuple[int, int]] | None = None, *,
                        margin: float = 0.0, ridge: float = 1e-10, solver: str = "auto") -> tuple[Tensor, QPStats]:
     """B independent projections at once (engine.vectorize's clients, or one worker step): p (B, d),
-    M (B, C, d) -> ptilde (B, d) and their diagnostics as tensors, without a host sync. Per block of
-    `blocks` (qp_scope="tensor") when given, else over all of d. Each projection gets the bits
-    cone_project_blocks gives it alone, which calls this with B = 1 when no Gram is given: the
-    (C+1) x (C+1) float64 Gram of [M; p] is one product per chunk of columns, giving Q, M p and
-    ||p||^2 together, and the recovery p + z M runs on every block, kept only where corrected."""
+    M (B, C, d), or its C rows as (B, d) tensors (no stacked copy) -> ptilde (B, d) and their
+    diagnostics as tensors, without a host sync. Per block of `blocks` (qp_scope="tensor") when given,
+    else over all of d. Each projection gets the bits cone_project_blocks gives it alone, which calls
+    this with B = 1 when no Gram is given: the (C+1) x (C+1) float64 Gram of [M; p] is one product per
+    chunk of columns, giving Q, M p and ||p||^2 together, and the recovery p + z M runs on every
+    block, kept only where corrected."""
     dim = p.shape[-1]
     blocks = [(0, dim)] if blocks is None else list(blocks)
-    _check_solver(solver, M.shape[1])
+    rows = list(M.unbind(1)) if isinstance(M, Tensor) else list(M)
+    _check_solver(solver, len(rows))
     _check_partition(blocks, dim)
-    batch, rows = M.shape[:2]
-    if rows == 0:
-        return p.clone(), QPStats.unchanged(batch, p.device)
-    grams = stacked_gram64([M, p[:, None]], blocks)
-    z, corrected, stats = _solve_projections(grams[..., :rows, :rows], grams[..., :rows, rows], grams[..., rows, rows],
-                                             margin, ridge, solver)
-    ptilde, finite = stacked_combine64(p, z, M, blocks, corrected)
+    if not rows:
+        return p.clone(), QPStats.unchanged(p.shape[0], p.device)
+    count = len(rows)
+    grams = stacked_gram64([row[:, None] for row in rows] + [p[:, None]], blocks)
+    z, corrected, stats = _solve_projections(grams[..., :count, :count], grams[..., :count, count],
+                                             grams[..., count, count], margin, ridge, solver)
+    ptilde, finite = stacked_combine64(p, z, rows, blocks, corrected)
     # Blocks that failed on non-finite input keep their non-finite p; a corrected block that is not
     # finite overflowed in the cast back to p's dtype, and that projection returns p.
     overflow = (corrected & ~finite).any(1)

@@ -169,7 +169,7 @@ class GradMA(Algorithm):
             loss_sum = loss_sum + loss.double()
             at_previous = task.loss_and_grad(previous, batch)[1].clone()              # a1
             at_global = task.loss_and_grad(anchor, batch)[1].clone()                  # a2
-            constraints = torch.stack([at_previous, at_global, current - anchor], dim=-2)   # a3 = x_tau - x_t
+            constraints = [at_previous, at_global, current - anchor]                  # a3 = x_tau - x_t
             corrected, stats = self._project_local(gradient, constraints)
             steps.add(stats)
             previous = current.clone()
@@ -180,11 +180,12 @@ class GradMA(Algorithm):
             return current, float(mean_loss), {name: value.item() for name, value in metrics.items()}
         return current, mean_loss, metrics
 
-    def _project_local(self, gradient: Tensor, constraints: Tensor) -> tuple[Tensor, QPStats]:
-        """QP_l (Eq. 5) of one step: one client's (d,) gradient and (3, d) constraints, or a stack's."""
+    def _project_local(self, gradient: Tensor, constraints: list[Tensor]) -> tuple[Tensor, QPStats]:
+        """QP_l (Eq. 5) of one step: one client's (d,) gradient and its three (d,) constraint rows, or a
+        stack's (clients, d) ones."""
         blocks = self.param_blocks if self.qp_scope == "tensor" else None
         if gradient.ndim == 1:
-            corrected, stats = cone_project_batch(gradient[None], constraints[None], blocks,
+            corrected, stats = cone_project_batch(gradient[None], [row[None] for row in constraints], blocks,
                                                   margin=self.qp_margin_local)
             return corrected[0], stats
         return cone_project_batch(gradient, constraints, blocks, margin=self.qp_margin_local)
