@@ -82,7 +82,8 @@ def cone_project(p: Tensor, M: Tensor, *, gram: Tensor | None = None, margin: fl
     """argmin_v 1/2||v - p||^2 s.t. <v, M_j> >= margin*||p||*||M_j|| for all rows j, via the dual
     (the dual of GradMA's Eq. 5). p is (d,), M is (C, d); ptilde comes back in p's dtype and device.
     `gram`: optional precomputed (C, C) float64 M M^T (the server keeps it incrementally); else
-    computed with M p and ||p||^2 in one float64 product (cone_project_batch). Never raises for bad numbers: a failure returns p with info.failed set."""
+    computed with M p and ||p||^2 in one float64 product (cone_project_batch). Never raises for bad
+    numbers: a failure returns p with info.failed set."""
     return cone_project_blocks(p, M, [(0, p.shape[0])], block_grams=None if gram is None else gram[None],
                                margin=margin, ridge=ridge, solver=solver)
 
