@@ -14,6 +14,8 @@ from torch import Tensor
 # Float64 elements of the temporaries per chunk (2 MB): small enough to stay in cache, which
 # matters more than the number of chunks (for 100 rows, 65536 columns a chunk ran 3x slower).
 TEMPORARY_ELEMENTS = 1 << 18
+# Float64 elements in 64 bytes: the alignment of an allocation, and of every stack in stacked_gram64.
+ALIGNMENT = 8
 
 
 def _chunk(total_rows: int) -> int:
@@ -45,3 +47,55 @@ def combine64(base: Tensor, weights: Tensor, rows: Tensor) -> Tensor:
         stop = start + chunk
         out[start:stop] = (base[start:stop].double() + weights @ rows[:, start:stop].double()).to(base.dtype)
     return out
+
+
+
+def stacked_gram64(parts: Sequence[Tensor], blocks: Sequence[tuple[int, int]]) -> Tensor:
+    """(B, blocks, R, R) float64: the inner products among the R rows of each of B stacks, restricted
+    to each [start, stop) block of coordinates; the stacks are `parts` (each (B, r, d)) one after
+    another along dim 1. Each chunk of columns is cast to float64 once, into one buffer: the product of
+    two separately cast buffers of one size ran up to 20x slower (their addresses alias in the cache).
+    A stack gets the same bits whatever the stacks beside it: the columns per chunk depend on R alone,
+    each stack's product is a matrix product of its own (a batched one may sum in another order for
+    another batch size), and each stack's rows start on a 64-byte boundary (BLAS sums misaligned
+    rows in another order)."""
+    batch, count = parts[0].shape[0], sum(part.shape[1] for part in parts)
+    device = parts[0].device
+    out = torch.zeros(batch, len(blocks), count, count, dtype=torch.float64, device=device)
+    chunk = _chunk(count)
+    for index, (start, stop) in enumerate(blocks):
+        for low in range(start, stop, chunk):
+            high = min(low + chunk, stop)
+            padded = -(high - low) // ALIGNMENT * -ALIGNMENT
+            stacked = torch.empty(batch, count, padded, dtype=torch.float64, device=device)[:, :, :high - low]
+            row = 0
+            for part in parts:
+                stacked[:, row:row + part.shape[1]] = part[:, :, low:high]
+                row += part.shape[1]
+            for row_stack, block_gram in zip(stacked, out[:, index]):
+                block_gram += row_stack @ row_stack.T
+    return out
+
+
+def stacked_combine64(base: Tensor, weights: Tensor, rows: Sequence[Tensor], blocks: Sequence[tuple[int, int]],
+                      use: Tensor) -> tuple[Tensor, Tensor]:
+    """(B, d): base + sum_j weights[:, t, j] rows[j] on each block t of coordinates where use[:, t],
+    computed in float64 and returned in base's dtype, and base itself on the other blocks; base (B, d),
+    weights (B, blocks, r) float64, rows r tensors (B, d), use (B, blocks) bool. Also (B, blocks) bool:
+    whether each block came out finite (a cast back to base's dtype can overflow), checked chunk by
+    chunk while in cache. The sum runs over the rows in order, element by element, so a stack's bits
+    do not depend on the others."""
+    out = torch.empty_like(base)
+    finite = torch.ones_like(use)
+    chunk = _chunk(len(rows) + 1)
+    for index, (start, stop) in enumerate(blocks):
+        for low in range(start, stop, chunk):
+            high = min(low + chunk, stop)
+            # A copy even in float64, where .double() would be base itself and addcmul_ would write into it.
+            combined = base[:, low:high].to(torch.float64, copy=True)
+            for row, weight in zip(rows, weights[:, index].unbind(1)):
+                combined.addcmul_(weight[:, None], row[:, low:high])
+            part = torch.where(use[:, index, None], combined.to(base.dtype), base[:, low:high])
+            out[:, low:high] = part
+            finite[:, index] &= part.isfinite().all(1)
+    return out, finite

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rayfed.numerics import block_dot64, combine64
+from rayfed.numerics import block_dot64, combine64, stacked_combine64, stacked_gram64
 
 SOLVERS = ("auto", "cvxopt", "enum")
 ENUM_MAX_ROWS = 3         # 2^C supports per QP: cheap for the worker's three constraints only
@@ -46,12 +46,44 @@ class QPInfo:
     failed: bool             # the solver failed or something was non-finite, so p came back unchanged
 
 
+@dataclass
+class QPStats:
+    """The diagnostics of B projections (cone_project_batch) as (B,) tensors on their device, so that
+    a caller can add them up over local steps without waiting for the device: QPInfo's fields."""
+
+    active: Tensor              # int64
+    relative_change: Tensor     # float64
+    min_cosine: Tensor          # float64
+    failed: Tensor              # bool
+
+    @classmethod
+    def unchanged(cls, batch: int, device) -> "QPStats":
+        """The diagnostics of projections that returned p as it was (no constraint rows)."""
+        zeros = torch.zeros(batch, dtype=torch.float64, device=device)
+        return cls(active=zeros.long(), relative_change=zeros, min_cosine=torch.full_like(zeros, math.nan),
+                   failed=zeros.bool())
+
+    def failing(self, which: Tensor) -> "QPStats":
+        """These diagnostics with the projections `which` (B,) bool marked as failed ones that returned p."""
+        return QPStats(active=torch.where(which, 0, self.active),
+                       relative_change=torch.where(which, 0.0, self.relative_change),
+                       min_cosine=torch.where(which, math.nan, self.min_cosine), failed=self.failed | which)
+
+    def infos(self) -> list[QPInfo]:
+        """One QPInfo per projection, with one host sync."""
+        columns = torch.stack([self.active.double(), self.relative_change, self.min_cosine,
+                               self.failed.double()], 1).tolist()
+        return [QPInfo(active=int(active), relative_change=change, min_cosine=cosine, failed=bool(failed))
+                for active, change, cosine, failed in columns]
+
+
 def cone_project(p: Tensor, M: Tensor, *, gram: Tensor | None = None, margin: float = 0.0,
                  ridge: float = 1e-10, solver: str = "auto") -> tuple[Tensor, QPInfo]:
     """argmin_v 1/2||v - p||^2 s.t. <v, M_j> >= margin*||p||*||M_j|| for all rows j, via the dual
     (the dual of GradMA's Eq. 5). p is (d,), M is (C, d); ptilde comes back in p's dtype and device.
     `gram`: optional precomputed (C, C) float64 M M^T (the server keeps it incrementally); else
-    computed with dot64. Never raises for bad numbers: a failure returns p with info.failed set."""
+    computed with M p and ||p||^2 in one float64 product (cone_project_batch). Never raises for bad
+    numbers: a failure returns p with info.failed set."""
     return cone_project_blocks(p, M, [(0, p.shape[0])], block_grams=None if gram is None else gram[None],
                                margin=margin, ridge=ridge, solver=solver)
 
@@ -64,31 +96,20 @@ def cone_project_blocks(p: Tensor, M: Tensor, blocks: Sequence[tuple[int, int]],
     (T, C, C) float64. The info sums active constraints over blocks, takes the relative change of
     the whole vector and the smallest per-block cosine; failed if any block failed (that block
     keeps p; an overflow of the output returns p entirely)."""
+    if block_grams is None:
+        ptilde, stats = cone_project_batch(p[None], M[None], blocks, margin=margin, ridge=ridge, solver=solver)
+        return ptilde[0], stats.infos()[0]
     _check_solver(solver, M.shape[0])
     _check_partition(blocks, p.shape[0])
     if M.shape[0] == 0:
         return p.clone(), QPInfo(active=0, relative_change=0.0, min_cosine=math.nan, failed=False)
 
-    gram = block_dot64(M, M, blocks) if block_grams is None else block_grams.to(p.device, torch.float64)
+    # The server's memory has up to m rows: only M p is computed here, the Gram is kept incrementally.
+    gram = block_grams.to(p.device, torch.float64)
     p_dots = block_dot64(p[None], p[None], blocks)[:, 0, 0]
     b = block_dot64(M, p[None], blocks)[..., 0]
-    # A non-finite p or M always shows in these products (nan * 0 is nan), so one check covers the input.
-    finite = gram.isfinite().all(2).all(1) & b.isfinite().all(1) & p_dots.isfinite()
-    gram = torch.where(finite[:, None, None], gram, 0.0)
-    b = torch.where(finite[:, None], b, 0.0)
-    p_dots = torch.where(finite, p_dots, 0.0)
-
-    row_norms2 = gram.diagonal(dim1=1, dim2=2)
-    keep = _kept_rows(row_norms2)
-    # Square roots before the product: ||p||^2 ||M_j||^2 can leave the float64 range where each factor does not.
-    b_margin = b - margin * p_dots.sqrt()[:, None] * row_norms2.sqrt()
-    violated = (keep & (b_margin < 0)).any(1)
-
-    z = _solve_batch(gram, b_margin, keep, ridge, solver)
-    solved = z.isfinite().all(1)
-    corrected = violated & solved
-    failed = ~finite | (violated & ~solved)
-    z = torch.where(corrected[:, None], z, 0.0)
+    z, corrected, stats = _solve_projections(gram[None], b[None], p_dots[None], margin, ridge, solver)
+    z, corrected = z[0], corrected[0]
 
     ptilde = p.clone()
     corrected_flags = corrected.tolist()
@@ -97,30 +118,82 @@ def cone_project_blocks(p: Tensor, M: Tensor, blocks: Sequence[tuple[int, int]],
     for index, ((start, stop), flag) in enumerate(zip(blocks, corrected_flags)):
         if flag:
             ptilde[start:stop] = combine64(p[start:stop], z[index, active_rows], M[active_rows, start:stop])
+    # Blocks that failed on non-finite input keep their non-finite p; anything else non-finite is
+    # an overflow of a corrected block's cast back to p's dtype.
+    if any(corrected_flags) and bool((p.isfinite() & ~ptilde.isfinite()).any()):
+        return p.clone(), QPInfo(active=0, relative_change=0.0, min_cosine=math.nan, failed=True)
+    return ptilde, stats.infos()[0]
+
+
+def cone_project_batch(p: Tensor, M: Tensor | Sequence[Tensor], blocks: Sequence[tuple[int, int]] | None = None, *,
+                       margin: float = 0.0, ridge: float = 1e-10, solver: str = "auto") -> tuple[Tensor, QPStats]:
+    """B independent projections at once (engine.vectorize's clients, or one worker step): p (B, d),
+    M (B, C, d), or its C rows as (B, d) tensors (no stacked copy) -> ptilde (B, d) and their
+    diagnostics as tensors, without a host sync. Per block of `blocks` (qp_scope="tensor") when given,
+    else over all of d. Each projection gets the bits cone_project_blocks gives it alone, which calls
+    this with B = 1 when no Gram is given: the (C+1) x (C+1) float64 Gram of [M; p] is one product per
+    chunk of columns, giving Q, M p and ||p||^2 together, and the recovery p + z M runs on every
+    block, kept only where corrected."""
+    dim = p.shape[-1]
+    blocks = [(0, dim)] if blocks is None else list(blocks)
+    rows = list(M.unbind(1)) if isinstance(M, Tensor) else list(M)
+    _check_solver(solver, len(rows))
+    _check_partition(blocks, dim)
+    if not rows:
+        return p.clone(), QPStats.unchanged(p.shape[0], p.device)
+    count = len(rows)
+    grams = stacked_gram64([row[:, None] for row in rows] + [p[:, None]], blocks)
+    z, corrected, stats = _solve_projections(grams[..., :count, :count], grams[..., :count, count],
+                                             grams[..., count, count], margin, ridge, solver)
+    ptilde, finite = stacked_combine64(p, z, rows, blocks, corrected)
+    # Blocks that failed on non-finite input keep their non-finite p; a corrected block that is not
+    # finite overflowed in the cast back to p's dtype, and that projection returns p.
+    overflow = (corrected & ~finite).any(1)
+    return torch.where(overflow[:, None], p, ptilde), stats.failing(overflow)
+
+
+def _solve_projections(gram: Tensor, b: Tensor, p_dots: Tensor, margin: float, ridge: float,
+                       solver: str) -> tuple[Tensor, Tensor, QPStats]:
+    """The duals of B projections of T blocks each, from float64 gram (B, T, C, C), b = M p (B, T, C)
+    and ||p||^2 (B, T). Returns z (B, T, C), zero where a block is not corrected, the corrected
+    blocks (B, T), and the diagnostics of each projection."""
+    # A non-finite p or M always shows in these products (nan * 0 is nan), so one check covers the input.
+    finite = gram.isfinite().all(-1).all(-1) & b.isfinite().all(-1) & p_dots.isfinite()
+    gram = torch.where(finite[..., None, None], gram, 0.0)
+    b = torch.where(finite[..., None], b, 0.0)
+    p_dots = torch.where(finite, p_dots, 0.0)
+
+    row_norms2 = gram.diagonal(dim1=-2, dim2=-1)
+    keep = _kept_rows(row_norms2)
+    # Square roots before the product: ||p||^2 ||M_j||^2 can leave the float64 range where each factor does not.
+    b_margin = b - margin * p_dots.sqrt()[..., None] * row_norms2.sqrt()
+    violated = (keep & (b_margin < 0)).any(-1)
+
+    z = _solve_batch(gram.flatten(0, 1), b_margin.flatten(0, 1), keep.flatten(0, 1), ridge, solver).view_as(b)
+    solved = z.isfinite().all(-1)
+    corrected = violated & solved
+    failed = ~finite | (violated & ~solved)
+    z = torch.where(corrected[..., None], z, 0.0)
 
     # Diagnostics from the float64 algebra, with no further pass over M: <ptilde, M_j> = b_j + (Q z)_j
     # and ||ptilde||^2 = ||p||^2 + 2 b.z + z^T Q z.
-    gram_z = torch.einsum("tij,tj->ti", gram, z)
+    # Products and sums over the last dimension, not einsum: its batched product sums in an order that
+    # depends on the batch size, and a client's diagnostics must not depend on the clients beside it.
+    gram_z = (gram * z[..., None, :]).sum(-1)
     inner = b + gram_z
-    change2 = (z * gram_z).sum(1).clamp(min=0.0)
-    out_norms2 = (p_dots + 2 * (b * z).sum(1) + change2).clamp(min=0.0)
-    total_p2 = p_dots.sum()
-    whole_change = torch.where(total_p2 > 0, (change2.sum() / total_p2).sqrt(), 0.0)
+    change2 = (z * gram_z).sum(-1).clamp(min=0.0)
+    out_norms2 = (p_dots + 2 * (b * z).sum(-1) + change2).clamp(min=0.0)
+    total_p2 = p_dots.sum(-1)
+    whole_change = torch.where(total_p2 > 0, (change2.sum(-1) / total_p2).sqrt(), 0.0)
     # A ptilde that is zero up to rounding (p in the polar cone, or a tiny block squeezed between
     # opposite rows) has no meaningful direction: its cosines would be rounding noise of either sign.
-    valid = keep & ~failed[:, None] & (out_norms2 > ZERO_OUTPUT ** 2 * p_dots)[:, None]
-    cosines = inner / out_norms2.sqrt()[:, None] / row_norms2.sqrt()
-    lowest_cosine = torch.where(valid, cosines, math.inf).amin()
-    # Blocks that failed on non-finite input keep their non-finite p; anything else non-finite is
-    # an overflow of a corrected block's cast back to p's dtype.
-    overflow = (p.isfinite() & ~ptilde.isfinite()).any() if any(corrected_flags) else failed.new_zeros(())
-    active, relative_change, min_cosine, any_failed, overflow = torch.stack(
-        [(z > 0).sum().double(), whole_change, lowest_cosine, failed.any().double(), overflow.double()]).tolist()
-    if overflow:
-        return p.clone(), QPInfo(active=0, relative_change=0.0, min_cosine=math.nan, failed=True)
-    return ptilde, QPInfo(active=int(active), relative_change=relative_change,
-                          min_cosine=min_cosine if math.isfinite(min_cosine) else math.nan,
-                          failed=bool(any_failed))
+    valid = keep & ~failed[..., None] & (out_norms2 > ZERO_OUTPUT ** 2 * p_dots)[..., None]
+    cosines = inner / out_norms2.sqrt()[..., None] / row_norms2.sqrt()
+    lowest_cosine = torch.where(valid, cosines, math.inf).amin((-2, -1))
+    stats = QPStats(active=(z > 0).sum((-2, -1)), relative_change=whole_change,
+                    min_cosine=torch.where(lowest_cosine < math.inf, lowest_cosine, math.nan),
+                    failed=failed.any(-1))
+    return z, corrected, stats
 
 
 def solve_dual(gram: Tensor, b: Tensor, *, ridge: float = 1e-10, solver: str = "auto") -> tuple[Tensor, bool]:
@@ -173,14 +246,14 @@ def _solve_batch(gram: Tensor, b: Tensor, keep: Tensor, ridge: float, solver: st
 
 
 @lru_cache(maxsize=None)
-def _support_masks(rows: int) -> Tensor:
+def _support_masks(rows: int, device: torch.device) -> Tensor:
     """(2^rows, rows) bool, every support ordered by size, then lexicographically; the empty one first
-    so that an already feasible dual (b >= 0) is solved too."""
+    so that an already feasible dual (b >= 0) is solved too. Kept per device: no copy per step."""
     supports = [subset for size in range(rows + 1) for subset in itertools.combinations(range(rows), size)]
     masks = torch.zeros(len(supports), rows, dtype=torch.bool)
     for index, subset in enumerate(supports):
         masks[index, list(subset)] = True
-    return masks
+    return masks.to(device)
 
 
 def _enumerate_supports(Q: Tensor, b: Tensor) -> Tensor:
@@ -191,14 +264,14 @@ def _enumerate_supports(Q: Tensor, b: Tensor) -> Tensor:
     All supports of all problems go to the linear solver in one call, so it runs on any device
     without a Python loop or host sync. Rows of nan where no support is usable."""
     batch, rows = b.shape
-    masks = _support_masks(rows).to(Q.device)
+    masks = _support_masks(rows, Q.device)
     inside = masks[:, :, None] & masks[:, None, :]
     # Identity outside A makes the system block diagonal, so one full-size solve gives z_A and z = 0 off A.
     eye = torch.eye(rows, dtype=Q.dtype, device=Q.device)
     systems = torch.where(inside, Q[:, None], eye)
     rhs = torch.where(masks, -b[:, None], 0.0)
     z, info = torch.linalg.solve_ex(systems, rhs)
-    gradient = torch.einsum("bjk,bsk->bsj", Q, z) + b[:, None]
+    gradient = (Q[:, None] * z[:, :, None, :]).sum(-1) + b[:, None]
     # The residual on A is checked too: a nearly singular Q_AA (dependent rows, no ridge) can give
     # a huge z_A that solves the system only loosely, and must not pass for a KKT point.
     stationarity = torch.where(masks, gradient.abs(), -gradient).clamp(min=0.0).amax(2)

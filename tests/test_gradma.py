@@ -1,6 +1,5 @@
 """GradMA-W, GradMA-S, GradMA, MIFA and MIFAM against specs/gradma.md §3.5-3.11 and the §7 checks."""
 import functools
-import math
 
 import pytest
 import torch
@@ -9,7 +8,7 @@ from rayfed.algorithms.base import RoundInfo, Upload
 from rayfed.algorithms.gradma import GradMA, GradMAClientState
 from rayfed.preflight import load_config
 from rayfed.errors import ConfigError
-from rayfed.qp import QPInfo, cone_project
+from rayfed.qp import QPStats, cone_project
 from tests.fakes import DIM, NUM_CLIENTS, SCHEDULE, client, make, run_rounds
 
 BLOCKS = [(0, 2), (2, DIM)]
@@ -20,11 +19,8 @@ def assert_same_params(left, right):
         assert torch.equal(a.params, b.params)
 
 
-UNCORRECTED = QPInfo(active=0, relative_change=0.0, min_cosine=math.nan, failed=False)
-
-
-def identity_projection(self, vector, constraints, margin, gram=None):
-    return vector, UNCORRECTED
+def identity_projection(self, gradient, constraints):
+    return gradient, QPStats.unchanged(1, gradient.device)
 
 
 # ---- worker side (checks 10-15) ----
@@ -40,23 +36,23 @@ def test_first_step_with_global_anchor_is_uncorrected_and_one_step_gradma_w_is_f
 
 def test_gradma_w_with_the_qp_replaced_by_the_identity_is_fedavg(monkeypatch):
     """Check 14."""
-    monkeypatch.setattr(GradMA, "_project", identity_projection)
+    monkeypatch.setattr(GradMA, "_project_local", identity_projection)
     assert_same_params(run_rounds(make("gradma_w", lr_global=0.8)), run_rounds(make("fedavg", lr_global=0.8)))
 
 
 def test_upload_is_the_sum_of_corrected_steps_and_every_step_is_feasible(monkeypatch):
     """Check 13: d = eta_l sum_tau gtilde_tau; and each gtilde satisfies its three constraints."""
     corrected_steps = []
-    original = GradMA._project
+    original = GradMA._project_local
 
-    def recording(self, vector, constraints, margin, gram=None):
-        corrected, info = original(self, vector, constraints, margin, gram)
+    def recording(self, gradient, constraints):
+        corrected, stats = original(self, gradient, constraints)
         for row in constraints:
-            assert float(corrected @ row) >= -1e-5 * float(vector.norm() * row.norm()) - 1e-12
+            assert float(corrected @ row) >= -1e-5 * float(gradient.norm() * row.norm()) - 1e-12
         corrected_steps.append(corrected.clone())
-        return corrected, info
+        return corrected, stats
 
-    monkeypatch.setattr(GradMA, "_project", recording)
+    monkeypatch.setattr(GradMA, "_project_local", recording)
     algorithm = make("gradma_w", lr_local=0.3)
     history = GradMAClientState(last_local=torch.randn(DIM, generator=torch.Generator().manual_seed(3)))
     upload, state = algorithm.client_train(client(2, steps=4), {"params": torch.zeros(DIM)}, history)
@@ -137,14 +133,7 @@ def test_gradma_pipeline_equivalences(monkeypatch):
     """Check 24: GradMA with m = 0 and beta1 = 0 is GradMA-W; with QP_l the identity it is GradMA-S."""
     assert_same_params(run_rounds(make("gradma", memory_size=0, beta1=0.0)), run_rounds(make("gradma_w")))
     gradma = run_rounds(make("gradma", memory_size=3, beta1=0.5, beta2=0.5))
-    original = GradMA._project
-
-    def identity_on_workers(self, vector, constraints, margin, gram=None):
-        if gram is None:        # the worker's QP; the server passes its memory's Gram matrix
-            return vector, UNCORRECTED
-        return original(self, vector, constraints, margin, gram)
-
-    monkeypatch.setattr(GradMA, "_project", identity_on_workers)
+    monkeypatch.setattr(GradMA, "_project_local", identity_projection)
     assert_same_params(run_rounds(make("gradma", memory_size=3, beta1=0.5, beta2=0.5)),
                        run_rounds(make("gradma_s", memory_size=3, beta1=0.5, beta2=0.5)))
     assert not torch.equal(gradma.states[-1].params, run_rounds(make("gradma_s", memory_size=3)).states[-1].params)

@@ -17,14 +17,15 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from rayfed.algorithms.base import (FLOAT32_BYTES, Algorithm, AlgorithmContext, ClientTask, RoundInfo, Upload,
-                                    from_keywords, local_sgd, register_algorithm, weighted_average)
+from rayfed.algorithms.base import (FLOAT32_BYTES, Algorithm, AlgorithmContext, ClientStates, ClientTask, RoundInfo,
+                                    Upload, client_rows, from_keywords, local_sgd, per_client, register_algorithm,
+                                    weighted_average)
 from rayfed.algorithms.memory import GradientMemory
 from rayfed.algorithms.params import AlgorithmParams, RunFacts
 from rayfed.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerState
 from rayfed.errors import ConfigError
 from rayfed.fields import Coefficient, Decay, count
-from rayfed.qp import QPInfo, cone_project, cone_project_blocks
+from rayfed.qp import QPInfo, QPStats, cone_project, cone_project_batch, cone_project_blocks
 
 
 @dataclass
@@ -79,6 +80,7 @@ class GradMA(Algorithm):
     server_lr = True
     weighted = True
     runs_async = True
+    vectorizable = True
     state_classes = (GradMAServerState, GradMAClientState, GradientMemory, ServerOptimizerState)
     fixed: ClassVar[dict[str, Any]] = {"correct_locally": True}
 
@@ -113,7 +115,6 @@ class GradMA(Algorithm):
         self.qp_margin_global = qp_margin_global
         self.agg_weighting = agg_weighting
         self.keeps_client_state = correct_locally and anchor_mode == "last_local"
-        self.vectorizable = not correct_locally     # GradMA-S trains clients with plain local SGD
         self.optimizer = ServerOptimizer("momentum", lr_global, beta1=beta1)
 
     def server_init(self, params: Tensor, num_clients: int) -> GradMAServerState:
@@ -135,40 +136,59 @@ class GradMA(Algorithm):
         memory = getattr(state, "memory", None)
         return super().state_bytes(state) + (memory.nbytes if memory is not None else 0)
 
-    def client_train(self, task: ClientTask, down: dict[str, Tensor],
-                     client_state: GradMAClientState | None) -> tuple[Upload, GradMAClientState | None]:
+    def client_train(self, task: ClientTask, down: dict[str, Tensor], client_state: GradMAClientState | None
+                     | ClientStates) -> tuple[Upload, GradMAClientState | ClientStates | None]:
         global_params = down["params"]
         if not self.correct_locally:
             local, mean_loss = local_sgd(task, global_params, self.lr_local)
             return Upload({"model_change": local - global_params}, task.num_samples, {"train_loss": mean_loss}), None
-        local, mean_loss, infos = self._worker_update(task, global_params, client_state)
-        metrics = {"train_loss": mean_loss, **_combine([_qp_row(info, "qp_local") for info in infos], "qp_local")}
-        new_state = GradMAClientState(local.clone()) if self.anchor_mode == "last_local" else None
-        return Upload({"model_change": local - global_params}, task.num_samples, metrics), new_state
+        local, mean_loss, qp_metrics = self._worker_update(task, global_params, client_state)
+        new_state = (per_client(client_state, GradMAClientState, last_local=local.clone())
+                     if self.keeps_client_state else None)
+        return (Upload({"model_change": local - global_params}, task.num_samples,
+                       {"train_loss": mean_loss, **qp_metrics}), new_state)
 
-    def _worker_update(self, task: ClientTask, global_params: Tensor,
-                       client_state: GradMAClientState | None) -> tuple[Tensor, float, list[QPInfo]]:
+    def _worker_update(self, task: ClientTask, global_params: Tensor, client_state: GradMAClientState | None
+                       | ClientStates) -> tuple[Tensor, float | Tensor, dict]:
         """Worker_Update (Alg. 2): I steps along the QP-corrected gradient; the three constraint
-        gradients are taken on the step's own minibatch."""
-        use_last_local = self.anchor_mode == "last_local" and client_state is not None
-        previous = client_state.last_local if use_last_local else global_params      # x_{t,-1}
+        gradients are taken on the step's own minibatch. Broadcasting throughout: with a stack of
+        clients (a ClientBatchTask and their ClientStates) the iterates are (clients, d) and every
+        pass and QP is batched. The QP diagnostics stay tensors until the last step, so a step waits
+        for no device."""
         current = task.start_from(global_params)                                       # x_{t,0}
+        anchor = global_params.expand_as(current)                                     # x_t, one row per client
+        previous = anchor                                                              # x_{t,-1}
+        if self.keeps_client_state:
+            previous = client_rows(client_state, lambda state: state.last_local, global_params)
         lr = self.lr_local * task.lr_factor
-        loss_sum, infos = 0.0, []
+        loss_sum, steps = 0.0, _StepDiagnostics(current)
         for _ in range(task.steps):
             batch = task.next_batch()
             loss, grad = task.loss_and_grad(current, batch)
             gradient = grad.clone()
-            loss_sum += float(loss)
+            loss_sum = loss_sum + loss.double()
             at_previous = task.loss_and_grad(previous, batch)[1].clone()              # a1
-            at_global = task.loss_and_grad(global_params, batch)[1].clone()           # a2
-            constraints = torch.stack([at_previous, at_global, current - global_params])   # a3 = x_tau - x_t
-            corrected, info = self._project(gradient, constraints, self.qp_margin_local)
-            infos.append(info)
+            at_global = task.loss_and_grad(anchor, batch)[1].clone()                  # a2
+            constraints = [at_previous, at_global, current - anchor]                  # a3 = x_tau - x_t
+            corrected, stats = self._project_local(gradient, constraints)
+            steps.add(stats)
             previous = current.clone()
             task.decay(current, lr)
             current.sub_(corrected, alpha=lr)
-        return current, loss_sum / task.steps, infos
+        mean_loss, metrics = loss_sum / task.steps, steps.metrics(task.steps)
+        if current.ndim == 1:
+            return current, float(mean_loss), {name: value.item() for name, value in metrics.items()}
+        return current, mean_loss, metrics
+
+    def _project_local(self, gradient: Tensor, constraints: list[Tensor]) -> tuple[Tensor, QPStats]:
+        """QP_l (Eq. 5) of one step: one client's (d,) gradient and its three (d,) constraint rows, or a
+        stack's (clients, d) ones."""
+        blocks = self.param_blocks if self.qp_scope == "tensor" else None
+        if gradient.ndim == 1:
+            corrected, stats = cone_project_batch(gradient[None], [row[None] for row in constraints], blocks,
+                                                  margin=self.qp_margin_local)
+            return corrected[0], stats
+        return cone_project_batch(gradient, constraints, blocks, margin=self.qp_margin_local)
 
     def server_step(self, state: GradMAServerState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[GradMAServerState, dict]:
@@ -198,14 +218,37 @@ class GradMA(Algorithm):
         return cone_project_blocks(vector, constraints, self.param_blocks, block_grams=gram, margin=margin)
 
 
+class _StepDiagnostics:
+    """A client's QP_l diagnostics summed over its local steps, as tensors of one entry per client;
+    metrics() gives what _combine gives for the steps' QPInfo rows."""
+
+    def __init__(self, params: Tensor):
+        clients = 1 if params.ndim == 1 else params.shape[0]
+        self.active = torch.zeros(clients, dtype=torch.int64, device=params.device)
+        self.change = torch.zeros(clients, dtype=torch.float64, device=params.device)
+        self.min_cosine = torch.full((clients,), math.nan, dtype=torch.float64, device=params.device)
+        self.failures = torch.zeros(clients, dtype=torch.int64, device=params.device)
+
+    def add(self, stats: QPStats) -> None:
+        self.active = self.active + stats.active
+        self.change = self.change + stats.relative_change
+        self.min_cosine = torch.fmin(self.min_cosine, stats.min_cosine)     # nan only while every step's is nan
+        self.failures = self.failures + stats.failed
+
+    def metrics(self, steps: int) -> dict[str, Tensor]:
+        """Per client: mean active constraints and relative change, smallest cosine, total failures."""
+        return {"qp_local_active": self.active.double() / steps, "qp_local_change": self.change / steps,
+                "qp_local_min_cosine": self.min_cosine, "qp_local_failures": self.failures}
+
+
 def _qp_row(info: QPInfo, prefix: str) -> dict[str, float]:
     return {f"{prefix}_active": info.active, f"{prefix}_change": info.relative_change,
             f"{prefix}_min_cosine": info.min_cosine, f"{prefix}_failures": int(info.failed)}
 
 
 def _combine(rows: list[dict[str, float]], prefix: str) -> dict[str, float]:
-    """QP diagnostics of several calls (a client's steps, or a round's clients): mean active
-    constraints and relative change, the smallest cosine, the total failures."""
+    """QP diagnostics of several calls (a round's clients): mean active constraints and relative
+    change, the smallest cosine, the total failures."""
     cosines = [row[f"{prefix}_min_cosine"] for row in rows if not math.isnan(row[f"{prefix}_min_cosine"])]
     return {
         f"{prefix}_active": sum(row[f"{prefix}_active"] for row in rows) / len(rows),
