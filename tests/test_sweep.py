@@ -16,7 +16,8 @@ from rayfed.provenance import DECIDING
 from rayfed.preflight import load_config
 from rayfed.metrics import WALL_CLOCK_KEYS
 from rayfed.sweep.grid import varied_keys
-from rayfed.sweep.runner import trial_bundles, trial_resources
+from rayfed.sweep.resources import trial_bundles
+from rayfed.sweep.runner import trial_resources
 from rayfed.sweep.select import select
 from rayfed.sweep.spec import read_sweep
 from tests.test_checkpoint import interrupted
