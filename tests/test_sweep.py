@@ -305,3 +305,55 @@ def test_a_ray_engine_trial_runs_its_actors_inside_its_placement_group(in_tmp, c
     write_sweep(in_tmp / "s.yaml", {"seed": [0]}, base={**BASE, "engine": {"backend": "ray", "num_workers": 2}})
     assert main(["sweep", "s.yaml", "train.rounds=2", "--out", "out", "--quiet"]) == 0
     assert json.loads((in_tmp / "out" / "status.json").read_text())["seed=0"]["status"] == "finished"
+
+
+@pytest.mark.slow
+def test_one_process_runs_trial_after_trial_and_each_is_bitwise_its_rayfed_run(in_tmp, capsys, ray_cluster):
+    """Each trial once started a process of its own, importing PyTorch and rayfed and loading its data
+    again (about 6 s a trial). With one trial at a time (3 of the cluster's 4 CPUs each), the second
+    trial runs in the first one's process, on the data it loaded, and still writes what `rayfed run` does."""
+    write_sweep(in_tmp / "s.yaml", {"algorithm.lr_local": [0.02, 0.05]})
+    assert main(["sweep", "s.yaml", "train.rounds=3", "engine.worker_cpus=3", "--out", "out", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "2 of 2 trials finished" in out and "2 trials run in " in out and "1 at a time" in out, out
+    results = [json.loads(path.read_text().splitlines()[-1])
+               for path in sorted((in_tmp / "out" / "tune" / "tune").glob("*/result.json"))]
+    assert len(results) == 2 and results[0]["pid"] == results[1]["pid"]
+    (in_tmp / "base.yaml").write_text(yaml.safe_dump(BASE))
+    for lr in (0.02, 0.05):
+        assert main(["run", "base.yaml", "train.rounds=3", "engine.worker_cpus=3", f"algorithm.lr_local={lr}",
+                     "--out", f"plain{lr}", "--quiet"]) == 0
+        same_run(in_tmp / f"plain{lr}", in_tmp / "out" / "trials" / f"algorithm.lr_local={lr}")
+
+
+def test_plan_lists_the_trials_by_what_differs_and_estimates_from_a_calibration(in_tmp, capsys):
+    write_sweep(in_tmp / "s.yaml", {"algorithm.name": ["fedavg", "fedprox"], "algorithm.lr_local": [0.01, 0.1],
+                                    "seed": [0, 1]})
+    assert main(["sweep", "s.yaml", "train.rounds=7", "--plan", "--out", "out"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "rayfed: plan of s.yaml: 8 trials, 0 of them done in out"
+    assert lines[1] == "  what differs: algorithm.name (fedavg, fedprox) x algorithm.lr_local (0.01, 0.1) x seed (0, 1)"
+    slots = min(8, os.cpu_count())      # a local trial reserves engine.worker_cpus=1
+    assert lines[2].startswith(f"  concurrency: {slots} trials at once (this machine's {os.cpu_count()} CPUs")
+    assert lines[3] == "  calibration: 3 rounds of one trial per group, in a temporary directory that is deleted"
+    rows = [line.split() for line in lines[5:7]]
+    assert [row[:3] for row in rows] == [["algorithm.name=fedavg", "4", "7"], ["algorithm.name=fedprox", "4", "7"]]
+    assert all(float(row[3]) > 0 and row[5] == "-" for row in rows)      # s/round; packing
+    runs = sum(4 * 7 * float(row[3]) for row in rows)
+    assert lines[7].startswith("  estimate: ") and f"= runs {runs:.0f} s (trials x rounds x s/round) / {slots}" in lines[7]
+    # Nothing is left behind: neither the sweep directory nor the calibration's runs.
+    assert sorted(path.name for path in in_tmp.iterdir()) == ["s.yaml"]
+
+
+@pytest.mark.parametrize("arguments, expected", [
+    (["sweep", "missing.yaml", "--plan"], "rayfed: error: sweep file missing.yaml does not exist\n"),
+    (["sweep", "s.yaml", "train.round=3", "--plan"], "unknown key 'train.round'"),
+    (["sweep", "s.yaml", "--plan", "--out", "other"], "other holds another sweep (its sweep.yaml differs)"),
+])
+def test_plan_of_bad_input_is_one_line(in_tmp, capsys, arguments, expected):
+    write_sweep(in_tmp / "s.yaml", {"seed": [0, 1]})
+    (in_tmp / "other").mkdir()
+    (in_tmp / "other" / "sweep.yaml").write_text("something else\n")
+    assert main(arguments) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("rayfed: error: ") and expected in err, err

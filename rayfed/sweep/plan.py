@@ -116,8 +116,8 @@ def plan_text(sweep: Sweep, sweep_file: str, base: Path, done: set[str], sweep_d
     once = RAY_START_S + PROCESSES_START_S
     total = (run_s + per_trial_s) / slots + once
     lines.append(f"  estimate: {_duration(total)} = runs {run_s:.0f} s (trials x rounds x s/round) / {slots} "
-                 f"+ start-up ({RAY_START_S:.0f} s Ray and {PROCESSES_START_S:.0f} s trial processes once, {per_trial_s:.0f} s "
-                 f"of trials' own / {slots})")
+                 f"+ start-up ({RAY_START_S:.0f} s Ray and {PROCESSES_START_S:.0f} s trial processes once, "
+                 f"{per_trial_s:.0f} s of trials' own / {slots})")
     return "\n".join(lines) + "\n"
 
 
