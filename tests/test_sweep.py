@@ -4,6 +4,7 @@ an interrupted sweep continues, and selection picks by the mean over seeds."""
 import json
 import os
 import pickle
+import re
 import shutil
 
 import pytest
@@ -17,7 +18,7 @@ from rayfed.preflight import load_config
 from rayfed.metrics import WALL_CLOCK_KEYS
 from rayfed.sweep.grid import varied_keys
 from rayfed.sweep.resources import trial_bundles
-from rayfed.sweep.runner import trial_resources
+from rayfed.sweep.runner import TrialTimes, trial_resources
 from rayfed.sweep.select import select
 from rayfed.sweep.spec import read_sweep
 from tests.test_checkpoint import interrupted
@@ -315,7 +316,7 @@ def test_one_process_runs_trial_after_trial_and_each_is_bitwise_its_rayfed_run(i
     write_sweep(in_tmp / "s.yaml", {"algorithm.lr_local": [0.02, 0.05]})
     assert main(["sweep", "s.yaml", "train.rounds=3", "engine.worker_cpus=3", "--out", "out", "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "2 of 2 trials finished" in out and "2 trials run in " in out and "1 at a time" in out, out
+    assert "2 of 2 trials finished" in out and "2 trials run in " in out and "(1 at a time, 1 processes)" in out, out
     results = [json.loads(path.read_text().splitlines()[-1])
                for path in sorted((in_tmp / "out" / "tune" / "tune").glob("*/result.json"))]
     assert len(results) == 2 and results[0]["pid"] == results[1]["pid"]
@@ -324,6 +325,25 @@ def test_one_process_runs_trial_after_trial_and_each_is_bitwise_its_rayfed_run(i
         assert main(["run", "base.yaml", "train.rounds=3", "engine.worker_cpus=3", f"algorithm.lr_local={lr}",
                      "--out", f"plain{lr}", "--quiet"]) == 0
         same_run(in_tmp / f"plain{lr}", in_tmp / "out" / "trials" / f"algorithm.lr_local={lr}")
+
+
+def timeline(trials):
+    """TrialTimes as Tune's callbacks fill it: (process, start, end, run seconds) per trial."""
+    times = TrialTimes()
+    for number, (process, start, end, run_s) in enumerate(trials):
+        times.started[number], times.ended[number] = start, end
+        times.run_s[number], times.process[number] = run_s, ("node", process)
+    return times
+
+
+def test_start_up_per_trial_counts_what_processes_spend_besides_runs():
+    # Two slots, a process per trial: each later process's start (from the slot freed at 10 or 11 to 16
+    # or 18) counts, the first two processes' start (before 0) does not: (4 x 10 + 6 + 7 - 40) / 4.
+    fresh = timeline([(1, 0, 10, 10), (2, 1, 11, 10), (3, 16, 26, 10), (4, 18, 28, 10)])
+    assert fresh.startup_per_trial_s(slots=2) == pytest.approx((4 * 10 + 6 + 7 - 40) / 4)
+    # Two processes reused: the hand-overs (0.5 s) count, the second slot's wait for the last trial does not.
+    reused = timeline([(1, 0, 10, 10), (2, 1, 11, 10), (1, 10.5, 20.5, 10), (2, 11.5, 21.5, 10), (1, 21, 31, 10)])
+    assert reused.startup_per_trial_s(slots=2) == pytest.approx((31 + 20.5 - 50) / 5)
 
 
 def test_plan_lists_the_trials_by_what_differs_and_estimates_from_a_calibration(in_tmp, capsys):
@@ -339,8 +359,10 @@ def test_plan_lists_the_trials_by_what_differs_and_estimates_from_a_calibration(
     rows = [line.split() for line in lines[5:7]]
     assert [row[:3] for row in rows] == [["algorithm.name=fedavg", "4", "7"], ["algorithm.name=fedprox", "4", "7"]]
     assert all(float(row[3]) > 0 and row[5] == "-" for row in rows)      # s/round; packing
-    runs = sum(4 * 7 * float(row[3]) for row in rows)
-    assert lines[7].startswith("  estimate: ") and f"= runs {runs:.0f} s (trials x rounds x s/round) / {slots}" in lines[7]
+    estimate = re.match(r"  estimate: \d+ s = runs (\d+) s \(trials x rounds x s/round\) / (\d+) \+ start-up", lines[7])
+    assert estimate and int(estimate[2]) == slots, lines[7]
+    # the printed s/round are rounded to 1 ms, the runs to 1 s
+    assert abs(int(estimate[1]) - sum(4 * 7 * float(row[3]) for row in rows)) <= 0.5 + 2 * 4 * 7 * 0.0005
     # Nothing is left behind: neither the sweep directory nor the calibration's runs.
     assert sorted(path.name for path in in_tmp.iterdir()) == ["s.yaml"]
 

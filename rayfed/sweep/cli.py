@@ -52,9 +52,9 @@ def sweep_command(items: list[str], out: str | None, metric: str | None, group_k
     others = [outcome for outcome in outcomes.values() if outcome["status"] not in COMPLETE_STATUSES]
     print(f"rayfed: sweep {sweep_dir}: {len(outcomes) - len(others)} of {len(outcomes)} trials finished")
     if times is not None:
-        print(f"  {times.trials} trials run in {times.wall_s:.1f} s: Ray's start {times.ray_start_s:.1f} s, "
-              f"{times.processes} trial processes' start {times.processes_start_s:.1f} s, runs {times.run_s:.1f} s "
-              f"({times.slots} at a time), start-up {times.startup_per_trial_s:.2f} s per trial")
+        print(f"  {times.trials} trials run in {times.wall_s:.1f} s: Ray's start {times.ray_start_s:.1f} s, the first "
+              f"trial processes' {times.processes_start_s:.1f} s, runs {times.run_s:.1f} s ({times.slots} at a time, "
+              f"{times.processes} processes), start-up {times.startup_per_trial_s:.2f} s per trial")
     for outcome in others:
         print(f"  {outcome['status']}: {outcome['point']}: {outcome.get('reason', '')}".rstrip(": "))
     if metric:

@@ -18,6 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import rayfed
 from rayfed.errors import RunStopped
 from rayfed.preflight import load_config
 from rayfed.sweep.grid import varied_keys
@@ -61,7 +62,6 @@ def groups(sweep: Sweep) -> list[Group]:
 
 def calibrate(group: Group, base: Path) -> Calibration | None:
     """A few rounds of the group's first trial that does not diverge in them; None if all do."""
-    import rayfed
     for trial in group.trials:
         rounds = min(CALIBRATION_ROUNDS, trial.config.train.rounds)
         config = load_config(base, [*trial.overrides, f"train.rounds={rounds}"])
@@ -79,8 +79,9 @@ def calibrate(group: Group, base: Path) -> Calibration | None:
 def plan_text(sweep: Sweep, sweep_file: str, base: Path, done: set[str], sweep_dir: Path) -> str:
     pending = [trial for trial in sweep.trials if trial.name not in done]
     lines = [f"rayfed: plan of {sweep_file}: {len(sweep.trials)} trials, {len(done)} of them done in {sweep_dir}"]
-    varied = [*varied_keys(sweep.parsed), *(["seed"] if _values(sweep, "seed").count(",") else [])]
-    lines.append("  what differs: " + (" x ".join(f"{key} ({_values(sweep, key)})" for key in varied) or "nothing"))
+    varied = [*varied_keys(sweep.parsed), *(["seed"] if len(_values(sweep, "seed")) > 1 else [])]
+    lines.append("  what differs: " + (" x ".join(f"{key} ({', '.join(map(str, _values(sweep, key)))})"
+                                                  for key in varied) or "nothing"))
     if not pending:
         lines.append("  nothing to run")
         return "\n".join(lines) + "\n"
@@ -105,6 +106,8 @@ def plan_text(sweep: Sweep, sweep_file: str, base: Path, done: set[str], sweep_d
         if calibration is None:
             rows.append(f"  {group.label:<40} {len(todo):>6} {rounds // len(todo):>6} {'diverged':>8}")
             continue
+        print(f"rayfed: calibrated on {calibration.trial.name}: {calibration.rounds} rounds, "
+              f"{calibration.round_s:.3f} s/round", file=sys.stderr)
         group_run = rounds * calibration.round_s
         group_startup = len(todo) * (calibration.startup_s + TUNE_PER_TRIAL_S)
         run_s += group_run
@@ -121,13 +124,14 @@ def plan_text(sweep: Sweep, sweep_file: str, base: Path, done: set[str], sweep_d
     return "\n".join(lines) + "\n"
 
 
-def _values(sweep: Sweep, key: str) -> str:
+def _values(sweep: Sweep, key: str) -> list:
+    """The key's values in the grid, in its order (a key of another alternative's aside)."""
     seen = {}
     for trial in sweep.trials:
         value = dict(trial.point).get(key)
         if value is not None:
             seen.setdefault(repr(value), value)
-    return ", ".join(str(value) for value in seen.values())
+    return list(seen.values())
 
 
 def _gpus() -> int:

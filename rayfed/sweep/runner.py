@@ -60,7 +60,7 @@ class SweepTimes:
     processes: int                  # the processes that ran them
     slots: int                      # trials at once, from the resources
     run_s: float                    # the trials' runs, summed
-    startup_per_trial_s: float      # TrialTimes.startup_per_trial_s
+    startup_per_trial_s: float      # see TrialTimes.startup_per_trial_s
 
     @property
     def wall_s(self) -> float:
@@ -156,15 +156,24 @@ class TrialTimes(tune.Callback):
         self.ended[trial.trial_id] = time.perf_counter()
 
     def startup_per_trial_s(self, slots: int) -> float:
-        """What the slots in use spent besides runs from the first trial's start to the last one's end, per
-        trial: (slots in use x that time - the runs) / trials; with one slot, (that time - the runs) / trials.
-        Slots in use: at most the processes that ran trials (one process may run them all while another starts).
-        A process started for a later trial counts in it; those started for the first trials do not."""
-        if not self.ended:
+        """Per trial, the time the trials' processes spent besides runs: each process's time from its first
+        trial's start to its last one's end, and for a process started after the first `slots` (one for each
+        trial at once), its start: from the end of the process whose slot it took to its first trial's start;
+        less the runs. The first processes' start, and a slot's wait for the sweep's last trial, are left out."""
+        spans: dict[tuple, list[float]] = {}
+        for trial, process in self.process.items():
+            if trial in self.ended:
+                span = spans.setdefault(process, [math.inf, -math.inf])
+                span[0] = min(span[0], self.started[trial])
+                span[1] = max(span[1], self.ended[trial])
+        if not spans:
             return 0.0
-        in_use = min(slots, len(set(self.process.values())) or 1)
-        busy = in_use * (max(self.ended.values()) - min(self.started.values()))
-        return (busy - sum(self.run_s.values())) / len(self.ended)
+        busy = sum(end - start for start, end in spans.values())
+        # A slot frees when its process's last trial ends; the processes after the first take them in turn.
+        freed = sorted(end for _, end in spans.values())
+        later = sorted(start for start, _ in spans.values())[slots:]
+        busy += sum(max(0.0, start - end) for start, end in zip(later, freed))
+        return (busy - sum(self.run_s[trial] for trial in self.process if trial in self.ended)) / len(self.ended)
 
 
 class TrialProgress(tune.Callback):
