@@ -379,3 +379,26 @@ def test_plan_of_bad_input_is_one_line(in_tmp, capsys, arguments, expected):
     assert main(arguments) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("rayfed: error: ") and expected in err, err
+
+
+def test_a_trial_process_keeps_datasets_under_all_that_decides_them(monkeypatch):
+    """Off for plain runs; in a sweep's process a second load of the same data is a read-only copy of
+    the first, and a change of seed or of any data key loads afresh."""
+    from collections import OrderedDict
+    from rayfed.data import cache, load_dataset
+    keys = dict(num_clients=10, partition="natural")
+    first, again = load_dataset("synthetic", seed=0, **keys), load_dataset("synthetic", seed=0, **keys)
+    assert first.train_x is not again.train_x and first.train_x.flags.writeable
+    monkeypatch.setattr(cache, "_kept", OrderedDict())
+    monkeypatch.setattr(cache, "hits", 0)
+    kept = load_dataset("synthetic", seed=0, **keys)
+    copy = load_dataset("synthetic", seed=0, **keys)
+    assert cache.hits == 1 and copy is not kept and copy.train_x is kept.train_x and not copy.train_x.flags.writeable
+    assert (copy.train_x == first.train_x).all() and (copy.train_y == first.train_y).all()
+    copy.train_x = None         # what a run does to its Dataset stays with it
+    assert load_dataset("synthetic", seed=0, **keys).train_x is kept.train_x
+    other_seed = load_dataset("synthetic", seed=1, **keys)
+    other_key = load_dataset("synthetic", seed=0, **{**keys, "synthetic_alpha": 0.5})
+    assert cache.hits == 2 and not (other_seed.train_x.shape == first.train_x.shape
+                                    and (other_seed.train_x == first.train_x).all())
+    assert other_key.train_x is not kept.train_x
