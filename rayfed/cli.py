@@ -58,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
                                    help="plugins to load first, as in a config: plugins=[./my_alg.py]")
     bench_parser = commands.add_parser("bench", help="time workloads against a plain PyTorch loop")
     bench_parser.add_argument("items", nargs="*", metavar="[WORKLOAD] [key=value ...]",
-                              help="workloads (tiny, lenet, huge_n, million; default all) and config overrides")
+                              help="workloads (tiny, lenet, huge_n, million; default all; and study, a sweep timed for "
+                                   "its start-up, when named) and config overrides")
     bench_parser.add_argument("--engines", default="local,ray",
                               help="comma-separated, from local, ray, ray_driver, local_vec, ray_vec (default local,ray)")
     bench_parser.add_argument("--rounds", type=int, default=30, help="rounds per measurement (default 30)")
@@ -75,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep_parser.add_argument("--group", metavar="KEY", nargs="+", default=["algorithm.name"],
                               help="the keys that make a group for --select (default algorithm.name)")
     sweep_parser.add_argument("--quiet", action="store_true", help="no progress view")
+    sweep_parser.add_argument("--plan", action="store_true",
+                              help="print the trials, what differs, the concurrency and the wall time estimated from "
+                                   "a few calibration rounds; run nothing else")
     report_parser = commands.add_parser("report", help="tables and plots over run or sweep directories")
     add_report_arguments(report_parser)
     return parser
@@ -87,7 +91,7 @@ def _command(args, may_restart: bool) -> int:
         return _algorithms(args.name, args.items)
     if args.command == "sweep":
         from rayfed.sweep.cli import sweep_command
-        return sweep_command(args.items, args.out, args.select, args.group, not args.quiet)
+        return sweep_command(args.items, args.out, args.select, args.group, not args.quiet, args.plan)
     if args.command == "report":
         from rayfed.report.cli import report_from_args
         return report_from_args(args)

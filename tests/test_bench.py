@@ -11,6 +11,7 @@ import rayfed
 from rayfed.api import load_data
 from rayfed.bench.plain_loop import PlainFedAvg
 from rayfed.bench.runner import ENGINES, format_table, measure_engine
+from rayfed.bench.study import ROW_KEYS
 from rayfed.bench.workloads import workload_config
 from rayfed.cli import main
 
@@ -101,7 +102,9 @@ def test_phases_are_disjoint_parts_of_each_round(tmp_path):
 
 
 @pytest.mark.parametrize("arguments, message", [
-    (["bench", "tinyy"], "unknown workload 'tinyy'"),
+    (["bench", "tinyy"], "unknown workload 'tinyy'; choose from tiny, lenet, huge_n, million, study"),
+    (["bench", "study", "algorithm.name=mifa"], "algorithm.name cannot be overridden"),
+    (["bench", "study", "--engines", "local,rya"], "unknown engine 'rya'"),
     (["bench", "tiny", "--engines", "local,rya"], "unknown engine 'rya'"),
     (["bench", "tiny", "--rounds", "3"], "--rounds=3 must be at least"),
     (["bench", "tiny", "train.roundz=3"], "train.roundz"),
@@ -131,3 +134,20 @@ def test_the_table_shows_no_pss_where_the_kernel_does_not_tell():
     lines = format_table("tiny", {"plain": {**row, "peak_pss_bytes": None},
                                   "local": {**row, "peak_pss_bytes": 60 * 2**20}}).splitlines()
     assert lines[2].split()[6:8] == ["100", "-"] and lines[3].split()[6:8] == ["100", "60"]
+
+
+@pytest.mark.slow
+def test_bench_study_times_a_sweep_s_start_up_apart_from_its_runs(tmp_path, capsys):
+    """`rayfed bench study`: a small sweep through rayfed sweep's machinery, its time split into Ray's
+    start, the trial processes' start, the start-up per trial and the runs."""
+    out = tmp_path / "bench.json"
+    assert main(["bench", "study", "--engines", "local", "--json", str(out)]) == 0
+    row = json.loads(out.read_text())["workloads"]["study"]["local"]
+    assert set(row) == set(ROW_KEYS)
+    assert (row["trials"], row["rounds"]) == (8, 2)
+    # Trials reuse the processes Tune started: no more of them than trials run at once.
+    assert 1 <= row["processes"] <= row["slots"] <= 8
+    assert row["run_per_trial_s"] == pytest.approx(row["run_s"] / 8)
+    assert 0 < row["ray_start_s"] + row["processes_start_s"] + row["run_s"] / row["slots"] < row["wall_s"]
+    printed = capsys.readouterr().out
+    assert printed.startswith("study: rayfed sweep of 8 trials") and "\nlocal " in printed

@@ -4,6 +4,7 @@ an interrupted sweep continues, and selection picks by the mean over seeds."""
 import json
 import os
 import pickle
+import re
 import shutil
 
 import pytest
@@ -16,7 +17,8 @@ from rayfed.provenance import DECIDING
 from rayfed.preflight import load_config
 from rayfed.metrics import WALL_CLOCK_KEYS
 from rayfed.sweep.grid import varied_keys
-from rayfed.sweep.runner import trial_bundles, trial_resources
+from rayfed.sweep.resources import trial_bundles
+from rayfed.sweep.runner import TrialTimes, trial_resources
 from rayfed.sweep.select import select
 from rayfed.sweep.spec import read_sweep
 from tests.test_checkpoint import interrupted
@@ -304,3 +306,99 @@ def test_a_ray_engine_trial_runs_its_actors_inside_its_placement_group(in_tmp, c
     write_sweep(in_tmp / "s.yaml", {"seed": [0]}, base={**BASE, "engine": {"backend": "ray", "num_workers": 2}})
     assert main(["sweep", "s.yaml", "train.rounds=2", "--out", "out", "--quiet"]) == 0
     assert json.loads((in_tmp / "out" / "status.json").read_text())["seed=0"]["status"] == "finished"
+
+
+@pytest.mark.slow
+def test_one_process_runs_trial_after_trial_and_each_is_bitwise_its_rayfed_run(in_tmp, capsys, ray_cluster):
+    """Each trial once started a process of its own, importing PyTorch and rayfed and loading its data
+    again (about 6 s a trial). With one trial at a time (3 of the cluster's 4 CPUs each), the second
+    trial runs in the first one's process, on the data it loaded, and still writes what `rayfed run` does."""
+    write_sweep(in_tmp / "s.yaml", {"algorithm.lr_local": [0.02, 0.05]})
+    assert main(["sweep", "s.yaml", "train.rounds=3", "engine.worker_cpus=3", "--out", "out", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "2 of 2 trials finished" in out and "2 trials run in " in out and "(1 at a time, 1 processes)" in out, out
+    results = [json.loads(path.read_text().splitlines()[-1])
+               for path in sorted((in_tmp / "out" / "tune" / "tune").glob("*/result.json"))]
+    assert len(results) == 2 and results[0]["pid"] == results[1]["pid"]
+    (in_tmp / "base.yaml").write_text(yaml.safe_dump(BASE))
+    for lr in (0.02, 0.05):
+        assert main(["run", "base.yaml", "train.rounds=3", "engine.worker_cpus=3", f"algorithm.lr_local={lr}",
+                     "--out", f"plain{lr}", "--quiet"]) == 0
+        same_run(in_tmp / f"plain{lr}", in_tmp / "out" / "trials" / f"algorithm.lr_local={lr}")
+
+
+def timeline(trials):
+    """TrialTimes as Tune's callbacks fill it: (process, start, end, run seconds) per trial."""
+    times = TrialTimes()
+    for number, (process, start, end, run_s) in enumerate(trials):
+        times.started[number], times.ended[number] = start, end
+        times.run_s[number], times.process[number] = run_s, ("node", process)
+    return times
+
+
+def test_start_up_per_trial_counts_what_processes_spend_besides_runs():
+    # Two slots, a process per trial: each later process's start (from the slot freed at 10 or 11 to 16
+    # or 18) counts, the first two processes' start (before 0) does not: (4 x 10 + 6 + 7 - 40) / 4.
+    fresh = timeline([(1, 0, 10, 10), (2, 1, 11, 10), (3, 16, 26, 10), (4, 18, 28, 10)])
+    assert fresh.startup_per_trial_s(slots=2) == pytest.approx((4 * 10 + 6 + 7 - 40) / 4)
+    # Two processes reused: the hand-overs (0.5 s) count, the second slot's wait for the last trial does not.
+    reused = timeline([(1, 0, 10, 10), (2, 1, 11, 10), (1, 10.5, 20.5, 10), (2, 11.5, 21.5, 10), (1, 21, 31, 10)])
+    assert reused.startup_per_trial_s(slots=2) == pytest.approx((31 + 20.5 - 50) / 5)
+
+
+def test_plan_lists_the_trials_by_what_differs_and_estimates_from_a_calibration(in_tmp, capsys):
+    write_sweep(in_tmp / "s.yaml", {"algorithm.name": ["fedavg", "fedprox"], "algorithm.lr_local": [0.01, 0.1],
+                                    "seed": [0, 1]})
+    assert main(["sweep", "s.yaml", "train.rounds=7", "--plan", "--out", "out"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "rayfed: plan of s.yaml: 8 trials, 0 of them done in out"
+    assert lines[1] == "  what differs: algorithm.name (fedavg, fedprox) x algorithm.lr_local (0.01, 0.1) x seed (0, 1)"
+    slots = min(8, os.cpu_count())      # a local trial reserves engine.worker_cpus=1
+    assert lines[2].startswith(f"  concurrency: {slots} trials at once (this machine's {os.cpu_count()} CPUs")
+    assert lines[3] == "  calibration: 3 rounds of one trial per group, in a temporary directory that is deleted"
+    rows = [line.split() for line in lines[5:7]]
+    assert [row[:3] for row in rows] == [["algorithm.name=fedavg", "4", "7"], ["algorithm.name=fedprox", "4", "7"]]
+    assert all(float(row[3]) > 0 and row[5] == "-" for row in rows)      # s/round; packing
+    estimate = re.match(r"  estimate: \d+ s = runs (\d+) s \(trials x rounds x s/round\) / (\d+) \+ start-up", lines[7])
+    assert estimate and int(estimate[2]) == slots, lines[7]
+    # the printed s/round are rounded to 1 ms, the runs to 1 s
+    assert abs(int(estimate[1]) - sum(4 * 7 * float(row[3]) for row in rows)) <= 0.5 + 2 * 4 * 7 * 0.0005
+    # Nothing is left behind: neither the sweep directory nor the calibration's runs.
+    assert sorted(path.name for path in in_tmp.iterdir()) == ["s.yaml"]
+
+
+@pytest.mark.parametrize("arguments, expected", [
+    (["sweep", "missing.yaml", "--plan"], "rayfed: error: sweep file missing.yaml does not exist\n"),
+    (["sweep", "s.yaml", "train.round=3", "--plan"], "unknown key 'train.round'"),
+    (["sweep", "s.yaml", "--plan", "--out", "other"], "other holds another sweep (its sweep.yaml differs)"),
+])
+def test_plan_of_bad_input_is_one_line(in_tmp, capsys, arguments, expected):
+    write_sweep(in_tmp / "s.yaml", {"seed": [0, 1]})
+    (in_tmp / "other").mkdir()
+    (in_tmp / "other" / "sweep.yaml").write_text("something else\n")
+    assert main(arguments) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("rayfed: error: ") and expected in err, err
+
+
+def test_a_trial_process_keeps_datasets_under_all_that_decides_them(monkeypatch):
+    """Off for plain runs; in a sweep's process a second load of the same data is a read-only copy of
+    the first, and a change of seed or of any data key loads afresh."""
+    from collections import OrderedDict
+    from rayfed.data import cache, load_dataset
+    keys = dict(num_clients=10, partition="natural")
+    first, again = load_dataset("synthetic", seed=0, **keys), load_dataset("synthetic", seed=0, **keys)
+    assert first.train_x is not again.train_x and first.train_x.flags.writeable
+    monkeypatch.setattr(cache, "_kept", OrderedDict())
+    monkeypatch.setattr(cache, "hits", 0)
+    kept = load_dataset("synthetic", seed=0, **keys)
+    copy = load_dataset("synthetic", seed=0, **keys)
+    assert cache.hits == 1 and copy is not kept and copy.train_x is kept.train_x and not copy.train_x.flags.writeable
+    assert (copy.train_x == first.train_x).all() and (copy.train_y == first.train_y).all()
+    copy.train_x = None         # what a run does to its Dataset stays with it
+    assert load_dataset("synthetic", seed=0, **keys).train_x is kept.train_x
+    other_seed = load_dataset("synthetic", seed=1, **keys)
+    other_key = load_dataset("synthetic", seed=0, **{**keys, "synthetic_alpha": 0.5})
+    assert cache.hits == 2 and not (other_seed.train_x.shape == first.train_x.shape
+                                    and (other_seed.train_x == first.train_x).all())
+    assert other_key.train_x is not kept.train_x

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from rayfed.bench.runner import ENGINES, WARM_UP_ROUNDS, bench
+from rayfed.bench.study import STUDY, study_config
 from rayfed.bench.workloads import WORKLOADS, workload_config
 from rayfed.errors import ConfigError
 
@@ -22,8 +23,13 @@ def bench_command(items: list[str], engines: str, rounds: int, repeats: int, jso
     if repeats < 1:
         raise ConfigError(f"--repeats={repeats} must be at least 1")
     for workload in workloads:
+        if workload not in (*WORKLOADS, STUDY):
+            raise ConfigError(f"unknown workload {workload!r}; choose from {', '.join([*WORKLOADS, STUDY])}")
         for name in engine_names:
-            workload_config(workload, rounds, [*ENGINES[name], *overrides])
+            if workload == STUDY:
+                study_config([*ENGINES[name], *overrides])
+            else:
+                workload_config(workload, rounds, [*ENGINES[name], *overrides])
     out = Path(json_path)
     if out.exists() and not out.is_file():
         raise ConfigError(f"--json {out} exists and is not a file")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from rayfed.bench.study import STUDY, format_study, measure_study, reduce_study
 from rayfed.bench.workloads import DESCRIPTIONS, workload_config
 from rayfed.engine.process_memory import PeakPss, own_pss, peak_rss
 
@@ -114,6 +115,12 @@ def bench(workloads: list[str], engines: list[str], rounds: int, repeats: int, o
                "overrides": list(overrides), "engines": {engine: ENGINES[engine] for engine in engines},
                "workloads": {}}
     for workload in workloads:
+        if workload == STUDY:
+            study = {engine: reduce_study([_in_fresh_process(measure_study, [*ENGINES[engine], *overrides])
+                                           for _ in range(repeats)]) for engine in engines}
+            results["workloads"][STUDY] = {"description": DESCRIPTIONS[STUDY], **study}
+            report(format_study(study))
+            continue
         workload_config(workload, rounds, overrides)      # bad names or overrides fail before any work
         runs = {"plain": []} | {engine: [] for engine in engines}
         for _ in range(repeats):

@@ -24,6 +24,9 @@ DESCRIPTIONS = {
     "lenet": "LeNet-5 on CIFAR-10-shaped random tensors, N=100, S=10, 5 steps of batch 64 (compute-bound)",
     "huge_n": "as tiny with N=100000 (cost should follow S, not N)",
     "million": "as tiny with N=1000000 clients made on demand (synthetic_lazy): memory and start-up should follow S",
+    # Run only when named (rayfed.bench.study): a sweep, timed for its start-up rather than its rounds.
+    "study": "rayfed sweep of 8 trials of tiny with N=100, S=10, 2 rounds: Ray's start, the trial processes' start, "
+             "start-up per trial",
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rayfed.config import DataConfig
 from rayfed.data.base import Dataset, dataset_entry
+from rayfed.data.cache import remembered
 from rayfed.data.lazy import LazyDataset
 from rayfed.errors import ConfigError
 
@@ -14,7 +15,7 @@ def load_dataset(name: str, *, seed: int = 0, **keys):
     or for a dataset registered with lazy=True a rayfed.data.lazy.LazyDataset."""
     entry = dataset_entry(name)
     data = DataConfig.model_construct(**{**DataConfig().model_dump(), **keys, "dataset": name})
-    loaded = entry.target(data, seed)
+    loaded = remembered(entry, data, seed, lambda: entry.target(data, seed))
     expected = LazyDataset if entry.lazy else Dataset
     if not isinstance(loaded, expected):
         raise ConfigError(f"the loader of data.dataset={name} returned a {type(loaded).__name__}, not the "

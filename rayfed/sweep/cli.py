@@ -10,6 +10,7 @@ from pathlib import Path
 from rayfed.config import check_path
 from rayfed.errors import ConfigError
 from rayfed.input_files import read_text
+from rayfed.metrics import read_summary, run_status
 from rayfed.report.runs import COMPLETE_STATUSES, ENDED_STATUSES
 from rayfed.sweep.select import (check_group_keys, select, selection_document, setting_keys_of,
                                  write_selection)
@@ -21,7 +22,7 @@ MAX_SWEEP_FILE_BYTES = 2**24
 
 
 def sweep_command(items: list[str], out: str | None, metric: str | None, group_keys: list[str],
-                  progress: bool) -> int:
+                  progress: bool, plan: bool = False) -> int:
     paths = [item for item in items if "=" not in item]
     overrides = [item for item in items if "=" in item]
     if len(paths) != 1:
@@ -32,20 +33,28 @@ def sweep_command(items: list[str], out: str | None, metric: str | None, group_k
     check_path("--out", str(sweep_dir))
     with tempfile.TemporaryDirectory() as scratch:
         sweep = read_sweep(paths[0], overrides, Path(scratch) / "base.yaml")
-    isas = sorted({trial.config.engine.cpu_isa or "unset" for trial in sweep.trials})
-    if len(isas) > 1:
-        raise ConfigError(f"engine.cpu_isa is {', '.join(isas)} among the sweep's trials, whose processes share one "
-                          f"Ray job's environment: give them one")
+        isas = sorted({trial.config.engine.cpu_isa or "unset" for trial in sweep.trials})
+        if len(isas) > 1:
+            raise ConfigError(f"engine.cpu_isa is {', '.join(isas)} among the sweep's trials, whose processes share "
+                              f"one Ray job's environment: give them one")
+        if plan:
+            from rayfed.sweep.plan import plan_text
+            print(plan_text(sweep, paths[0], Path(scratch) / "base.yaml", _done(sweep_dir, sweep), sweep_dir), end="")
+            return 0
     try:
         from rayfed.sweep.runner import run_sweep
     except ImportError as error:
         raise ConfigError(f"rayfed sweep needs Ray Tune ({error}): pip install 'rayfed[tune]'") from None
     _claim(sweep_dir, sweep.describe())
     (sweep_dir / "base.yaml").write_text(sweep.base_text)
-    outcomes = run_sweep(sweep, sweep_dir, progress)
+    outcomes, times = run_sweep(sweep, sweep_dir, progress)
     (sweep_dir / "status.json").write_text(json.dumps(outcomes, indent=2) + "\n")
     others = [outcome for outcome in outcomes.values() if outcome["status"] not in COMPLETE_STATUSES]
     print(f"rayfed: sweep {sweep_dir}: {len(outcomes) - len(others)} of {len(outcomes)} trials finished")
+    if times is not None:
+        print(f"  {times.trials} trials run in {times.wall_s:.1f} s: Ray's start {times.ray_start_s:.1f} s, the first "
+              f"trial processes' {times.processes_start_s:.1f} s, runs {times.run_s:.1f} s ({times.slots} at a time, "
+              f"{times.processes} processes), start-up {times.startup_per_trial_s:.2f} s per trial")
     for outcome in others:
         print(f"  {outcome['status']}: {outcome['point']}: {outcome.get('reason', '')}".rstrip(": "))
     if metric:
@@ -55,6 +64,16 @@ def sweep_command(items: list[str], out: str | None, metric: str | None, group_k
         print(table, end="")
     # A trial that diverged is a result of its setting (a learning rate too large), not a failure of the sweep.
     return 1 if any(outcome["status"] not in ENDED_STATUSES for outcome in others) else 0
+
+
+def _done(sweep_dir: Path, sweep) -> set[str]:
+    """The trials the sweep directory holds ended; ConfigError where it holds another sweep."""
+    recorded = sweep_dir / SWEEP_FILE
+    if not recorded.is_file():
+        return set()
+    if read_text(recorded, str(recorded), MAX_SWEEP_FILE_BYTES) != sweep.describe():
+        raise ConfigError(f"{sweep_dir} holds another sweep (its {SWEEP_FILE} differs); choose another --out")
+    return {trial.name for trial in sweep.trials if _status(sweep_dir / "trials" / trial.name) in ENDED_STATUSES}
 
 
 def _claim(sweep_dir: Path, description: str) -> None:
@@ -73,3 +92,8 @@ def _claim(sweep_dir: Path, description: str) -> None:
         raise ConfigError(f"cannot make the sweep directory {sweep_dir} ({error.strerror or error}); "
                           f"choose another --out") from None
     print(f"rayfed: sweep directory {sweep_dir}", file=sys.stderr)
+
+
+def _status(run_dir: Path) -> str | None:
+    summary = read_summary(run_dir)
+    return None if summary is None else run_status(summary)

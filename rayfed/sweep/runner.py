@@ -7,12 +7,19 @@ interrupted ones from their checkpoints. A trial reserves what its run will use:
 one bundle of engine.worker_cpus (and GPUs); the ray engine a placement group of a bundle for the
 trial's driver, one for the server and one per worker, which its actors are placed in, so trials
 never oversubscribe the cluster.
+
+Ray starts once per sweep, and a trial's process serves the trials after it (Tune's reuse_actors):
+it imports rayfed and PyTorch once, and keeps the datasets it loaded (rayfed.data.cache, keyed by
+all that decides them) for the trials that load the same ones. Tune still schedules each trial,
+records it, and retries or resumes the experiment as before.
 """
 from __future__ import annotations
 
 import math
 import os
 import shutil
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import ray
@@ -22,38 +29,42 @@ from tqdm import tqdm
 import rayfed
 from rayfed.checkpoint import has_checkpoint
 from rayfed.config import Config
+from rayfed.data.cache import keep_datasets
 from rayfed.preflight import load_config
 from rayfed.engine.ray import connect_ray
-from rayfed.engine.server import server_reserved_gpus
 from rayfed.errors import ConfigError, RunStopped, first_line
 from rayfed.input_files import read_text
 from rayfed.provenance import CAPS
 from rayfed.metrics import read_summary, run_status
 from rayfed.report.runs import COMPLETE_STATUSES, ENDED_STATUSES
+from rayfed.sweep.resources import trial_bundles, trial_slots
 from rayfed.sweep.spec import Sweep, Trial, shortened
 
-# The trial's driver and the server (an actor, or in the driver) mostly wait: a sliver of a CPU each.
-DRIVER_CPUS = 0.01
 FAILED = "failed"
 # Tune's own directory per trial (under tune/) is named by the trial, at most this long.
 MAX_TUNE_DIR_NAME = 100
 # A trial's .failed file holds one line, why it failed.
 MAX_REASON_BYTES = 2**16
+# What a trial reports besides its accuracies: the seconds its run took in its process.
+RUN_S = "run_s"
 
 
-def trial_bundles(config: Config) -> list[dict[str, float]]:
-    engine = config.engine
+@dataclass(frozen=True)
+class SweepTimes:
+    """Where a sweep's time went: Ray's start, Tune's start of the first trials' processes (their
+    imports), the trials, and Tune's end."""
+    ray_start_s: float
+    processes_start_s: float        # from Tune's start to its first trial's start
+    tune_s: float                   # from Tune's start to its end
+    trials: int                     # those run (the sweep directory's finished ones are not)
+    processes: int                  # the processes that ran them
+    slots: int                      # trials at once, from the resources
+    run_s: float                    # the trials' runs, summed
+    startup_per_trial_s: float      # see TrialTimes.startup_per_trial_s
 
-    def bundle(cpus: float, gpus: float) -> dict[str, float]:
-        return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
-
-    server_gpus = server_reserved_gpus(engine)
-    if engine.backend == "local":
-        return [bundle(engine.worker_cpus, max(engine.worker_gpus, server_gpus))]
-    # A server in the driver computes in the trial's own process, which takes the first bundle.
-    servers = ([bundle(DRIVER_CPUS, 0.0), bundle(DRIVER_CPUS, server_gpus)] if engine.server == "actor"
-               else [bundle(DRIVER_CPUS, server_gpus)])
-    return [*servers, *[bundle(engine.worker_cpus, engine.worker_gpus)] * engine.num_workers]
+    @property
+    def wall_s(self) -> float:
+        return self.ray_start_s + self.tune_s
 
 
 def trial_resources(config: Config) -> tune.PlacementGroupFactory:
@@ -78,6 +89,9 @@ def run_trial(tune_config: dict) -> None:
         os.environ.setdefault(name, value)
     run_dir = Path(spec["run_dir"])
     failure = run_dir.parent / f"{run_dir.name}.failed"
+    # This process runs the trials after this one too: their data is loaded once.
+    keep_datasets()
+    started = time.perf_counter()
     try:
         if trial_status(run_dir) not in ENDED_STATUSES:
             if has_checkpoint(run_dir):
@@ -95,8 +109,9 @@ def run_trial(tune_config: dict) -> None:
         raise
     failure.unlink(missing_ok=True)
     summary = read_summary(run_dir) or {}
-    tune.report({key: _finite(summary.get(key)) for key in ("best_test_accuracy", "final_test_accuracy",
-                                                                 "rounds_completed")})
+    tune.report({**{key: _finite(summary.get(key)) for key in ("best_test_accuracy", "final_test_accuracy",
+                                                                    "rounds_completed")},
+                 RUN_S: time.perf_counter() - started})
 
 
 def _record_failure(failure: Path, error: BaseException) -> None:
@@ -107,14 +122,58 @@ def _finite(value):
     return value if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def run_sweep(sweep: Sweep, sweep_dir: Path, progress: bool) -> dict[str, dict]:
-    """Runs every trial not already done; returns each trial's status and, if it failed, why."""
+def run_sweep(sweep: Sweep, sweep_dir: Path, progress: bool) -> tuple[dict[str, dict], SweepTimes | None]:
+    """Runs every trial not already done; returns each trial's status and, if it failed, why, and
+    where the time went (None when every trial was done)."""
     trials_dir = sweep_dir / "trials"
     trials_dir.mkdir(exist_ok=True)
     pending = [trial for trial in sweep.trials if trial_status(trials_dir / trial.name) not in ENDED_STATUSES]
-    if pending:
-        _run_trials(sweep, pending, sweep_dir, progress)
-    return {trial.name: _outcome(trials_dir, trial) for trial in sweep.trials}
+    times = _run_trials(sweep, pending, sweep_dir, progress) if pending else None
+    return {trial.name: _outcome(trials_dir, trial) for trial in sweep.trials}, times
+
+
+class TrialTimes(tune.Callback):
+    """When each trial started and ended (on this clock), in which process it ran, and its run's
+    seconds as that process measured them."""
+
+    def __init__(self):
+        self.started: dict[str, float] = {}
+        self.ended: dict[str, float] = {}
+        self.run_s: dict[str, float] = {}
+        self.process: dict[str, tuple] = {}
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.started[trial.trial_id] = time.perf_counter()
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        self.run_s[trial.trial_id] = result.get(RUN_S, 0.0)
+        self.process[trial.trial_id] = (result.get("node_ip"), result.get("pid"))
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.ended[trial.trial_id] = time.perf_counter()
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self.ended[trial.trial_id] = time.perf_counter()
+
+    def startup_per_trial_s(self, slots: int) -> float:
+        """Per trial, the time the trials' processes spent besides runs: each process's time from its first
+        trial's start to its last one's end, and for a process started after the first `slots` (one for each
+        trial at once), its start: from the end of the process whose slot it took to its first trial's start;
+        less the runs. The first processes' start, and a slot's wait for the sweep's last trial, are left out."""
+        spans: dict[tuple, list[float]] = {}
+        for trial, process in self.process.items():
+            if trial in self.ended:
+                span = spans.setdefault(process, [math.inf, -math.inf])
+                span[0] = min(span[0], self.started[trial])
+                span[1] = max(span[1], self.ended[trial])
+        if not spans:
+            return 0.0
+        busy = sum(end - start for start, end in spans.values())
+        # A slot frees when its process's last trial ends; the processes after the first take them in turn.
+        freed = sorted(end for _, end in spans.values())
+        later = sorted(start for start, _ in spans.values())[slots:]
+        busy += sum(max(0.0, start - end) for start, end in zip(later, freed))
+        return (busy - sum(self.run_s[trial] for trial in self.process if trial in self.ended)) / len(self.ended)
 
 
 class TrialProgress(tune.Callback):
@@ -148,7 +207,8 @@ class TrialProgress(tune.Callback):
         self.bar.close()
 
 
-def _run_trials(sweep: Sweep, pending: list[Trial], sweep_dir: Path, progress: bool) -> None:
+def _run_trials(sweep: Sweep, pending: list[Trial], sweep_dir: Path, progress: bool) -> SweepTimes:
+    started = time.perf_counter()
     largest = max(sum(bundle["CPU"] for bundle in trial_bundles(trial.config)) for trial in pending)
     engine = pending[0].config.engine
     # Tune's newer console output prints its own tables whatever `verbose` says; ours is the progress bar.
@@ -157,6 +217,7 @@ def _run_trials(sweep: Sweep, pending: list[Trial], sweep_dir: Path, progress: b
     # so needs the caps from its start.
     started_ray = connect_ray(engine.address, largest, engine.connect_timeout_s, whole_machine=True,
                               env_vars=CAPS.get(engine.cpu_isa))
+    ray_start_s = time.perf_counter() - started
     # Actors an earlier run in this process kept (engine.reuse_actors) would hold CPUs the trials wait for.
     rayfed.release_actors()
     try:
@@ -167,15 +228,25 @@ def _run_trials(sweep: Sweep, pending: list[Trial], sweep_dir: Path, progress: b
         # Resolved here: a trial's config may hold a plugin's classes, which Tune's processes could not unpickle.
         resources = {trial.name: trial_resources(trial.config) for trial in pending}
         trainable = tune.with_resources(run_trial, lambda tune_config: resources[tune_config["spec"]["name"]])
+        times = TrialTimes()
         tuner = tune.Tuner(
             trainable, param_space={"spec": tune.grid_search(specs)},
-            tune_config=tune.TuneConfig(trial_dirname_creator=lambda trial: shortened(trial.config["spec"]["name"],
-                                                                                        MAX_TUNE_DIR_NAME)),
+            # A trial's process (with its imports and data) serves the next trial of the same resources.
+            tune_config=tune.TuneConfig(reuse_actors=True,
+                                        trial_dirname_creator=lambda trial: shortened(trial.config["spec"]["name"],
+                                                                                      MAX_TUNE_DIR_NAME)),
             run_config=tune.RunConfig(name="tune", storage_path=str((sweep_dir / "tune").resolve()), verbose=0,
                                       callbacks=[TrialProgress(len(sweep.trials), len(sweep.trials) - len(pending),
-                                                               progress)],
+                                                               progress), times],
                                       failure_config=tune.FailureConfig(max_failures=0)))
+        available = ray.cluster_resources()
+        slots = min(trial_slots(trial_bundles(trial.config), available, len(pending)) for trial in pending)
+        fit_started = time.perf_counter()
         tuner.fit()
+        first_start = min(times.started.values(), default=fit_started)
+        return SweepTimes(ray_start_s, first_start - fit_started, time.perf_counter() - fit_started, len(pending),
+                          len(set(times.process.values())), slots, sum(times.run_s.values()),
+                          times.startup_per_trial_s(slots))
     finally:
         if started_ray:
             ray.shutdown()

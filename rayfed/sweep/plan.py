@@ -1,0 +1,146 @@
+"""`rayfed sweep FILE --plan`: the trials, what tells them apart, and how long the sweep would take
+here, without running it. The time per round comes from a calibration: a few rounds of one trial
+of each group (trials that differ only in their seed and in real-valued hyper-parameters such as
+learning rates, which change the numbers computed, not how many), run in a temporary directory
+that is then deleted. The estimate is
+
+    sum over groups of trials x rounds x s/round / concurrency  +  start-up
+
+where concurrency is how many trials Tune runs at once on the resources, and start-up is Ray's
+start and the trial processes' (once per sweep) and, per trial, Tune's hand-over and the run's
+own start (config, data, model), which the calibration measures."""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import rayfed
+from rayfed.errors import RunStopped
+from rayfed.preflight import load_config
+from rayfed.sweep.grid import varied_keys
+from rayfed.sweep.resources import trial_bundles, trial_slots
+from rayfed.sweep.spec import Sweep, Trial
+
+CALIBRATION_ROUNDS = 3
+# One-off and per-trial start-up of a sweep, as `rayfed bench study` measured it on a shared 2-core
+# machine (docs/how-to/sweeps.md): Ray's start, the trial processes' start (their imports of Ray
+# Tune, PyTorch and rayfed), and Tune's hand-over of a trial to a process that ran one before.
+RAY_START_S = 20.0
+PROCESSES_START_S = 30.0
+TUNE_PER_TRIAL_S = 0.15
+# Trials still to run are packed one to a run; another packing would change this column.
+PACKING = "-"
+
+
+@dataclass(frozen=True)
+class Group:
+    label: str
+    trials: list[Trial]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    trial: Trial
+    rounds: int
+    round_s: float
+    startup_s: float            # the run's own start: config, data, model
+
+
+def groups(sweep: Sweep) -> list[Group]:
+    """The trials by what may change their cost: the point without its seed and real-valued keys."""
+    grouped: dict[tuple, list[Trial]] = {}
+    for trial in sweep.trials:
+        key = tuple((name, value) for name, value in trial.point if name != "seed" and not isinstance(value, float))
+        grouped.setdefault(key, []).append(trial)
+    return [Group(", ".join(f"{name}={value}" for name, value in key) or "all", trials)
+            for key, trials in grouped.items()]
+
+
+def calibrate(group: Group, base: Path) -> Calibration | None:
+    """A few rounds of the group's first trial that does not diverge in them; None if all do."""
+    for trial in group.trials:
+        rounds = min(CALIBRATION_ROUNDS, trial.config.train.rounds)
+        config = load_config(base, [*trial.overrides, f"train.rounds={rounds}"])
+        with tempfile.TemporaryDirectory() as scratch:
+            try:
+                result = rayfed.run(config, run_dir=Path(scratch) / "run", progress=False)
+            except RunStopped:
+                continue
+        walls = [record["wall_time_s"] for record in result.history]
+        per_round = [later - earlier for earlier, later in zip(walls, walls[1:])] or walls
+        return Calibration(trial, rounds, statistics.median(per_round), result.summary["startup_time_s"])
+    return None
+
+
+def plan_text(sweep: Sweep, sweep_file: str, base: Path, done: set[str], sweep_dir: Path) -> str:
+    pending = [trial for trial in sweep.trials if trial.name not in done]
+    lines = [f"rayfed: plan of {sweep_file}: {len(sweep.trials)} trials, {len(done)} of them done in {sweep_dir}"]
+    varied = [*varied_keys(sweep.parsed), *(["seed"] if len(_values(sweep, "seed")) > 1 else [])]
+    lines.append("  what differs: " + (" x ".join(f"{key} ({', '.join(map(str, _values(sweep, key)))})"
+                                                  for key in varied) or "nothing"))
+    if not pending:
+        lines.append("  nothing to run")
+        return "\n".join(lines) + "\n"
+    cpus, gpus = os.cpu_count() or 1, _gpus()
+    available = {"CPU": float(cpus), "GPU": float(gpus)}
+    slots = min(trial_slots(trial_bundles(trial.config), available, len(pending)) for trial in pending)
+    reserved = sum(bundle["CPU"] for bundle in trial_bundles(pending[0].config))
+    lines.append(f"  concurrency: {slots} trials at once (this machine's {cpus} CPUs{f', {gpus} GPUs' if gpus else ''}"
+                 f"; a trial reserves {reserved:g} CPU{'' if reserved == 1 else 's'})")
+    lines.append(f"  calibration: {CALIBRATION_ROUNDS} rounds of one trial per group, in a temporary directory that "
+                 f"is deleted")
+    header = (f"  {'group':<40} {'trials':>6} {'rounds':>6} {'s/round':>8} {'start-up':>8} {'packing':>7} "
+              f"{'estimate':>9}")
+    rows, run_s, per_trial_s = [], 0.0, 0.0
+    for number, group in enumerate(groups(sweep), 1):
+        todo = [trial for trial in group.trials if trial.name not in done]
+        if not todo:
+            continue
+        print(f"rayfed: calibrating group {number}: {group.label}", file=sys.stderr)
+        calibration = calibrate(group, base)
+        rounds = sum(trial.config.train.rounds for trial in todo)
+        if calibration is None:
+            rows.append(f"  {group.label:<40} {len(todo):>6} {rounds // len(todo):>6} {'diverged':>8}")
+            continue
+        print(f"rayfed: calibrated on {calibration.trial.name}: {calibration.rounds} rounds, "
+              f"{calibration.round_s:.3f} s/round", file=sys.stderr)
+        group_run = rounds * calibration.round_s
+        group_startup = len(todo) * (calibration.startup_s + TUNE_PER_TRIAL_S)
+        run_s += group_run
+        per_trial_s += group_startup
+        rows.append(f"  {group.label:<40} {len(todo):>6} {rounds // len(todo):>6} {calibration.round_s:>8.3f} "
+                    f"{calibration.startup_s + TUNE_PER_TRIAL_S:>8.2f} {PACKING:>7} "
+                    f"{(group_run + group_startup) / slots:>7.0f} s")
+    lines += [header, *rows]
+    once = RAY_START_S + PROCESSES_START_S
+    total = (run_s + per_trial_s) / slots + once
+    lines.append(f"  estimate: {_duration(total)} = runs {run_s:.0f} s (trials x rounds x s/round) / {slots} "
+                 f"+ start-up ({RAY_START_S:.0f} s Ray and {PROCESSES_START_S:.0f} s trial processes once, "
+                 f"{per_trial_s:.0f} s of trials' own / {slots})")
+    return "\n".join(lines) + "\n"
+
+
+def _values(sweep: Sweep, key: str) -> list:
+    """The key's values in the grid, in its order (a key of another alternative's aside)."""
+    seen = {}
+    for trial in sweep.trials:
+        value = dict(trial.point).get(key)
+        if value is not None:
+            seen.setdefault(repr(value), value)
+    return list(seen.values())
+
+
+def _gpus() -> int:
+    import torch
+    return torch.cuda.device_count()
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    minutes = seconds / 60
+    return f"{minutes:.0f} min" if minutes < 120 else f"{minutes / 60:.1f} h"
