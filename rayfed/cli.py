@@ -76,6 +76,10 @@ def _parser() -> argparse.ArgumentParser:
     sweep_parser.add_argument("--group", metavar="KEY", nargs="+", default=["algorithm.name"],
                               help="the keys that make a group for --select (default algorithm.name)")
     sweep_parser.add_argument("--quiet", action="store_true", help="no progress view")
+    sweep_parser.add_argument("--pack", metavar="N", type=int,
+                              help="run up to N trials that differ only in their seed and float values (learning "
+                                   "rates, momenta, ...) as one batched computation (engine.vectorize on the local "
+                                   "engine; default 32; 1: each trial alone)")
     sweep_parser.add_argument("--plan", action="store_true",
                               help="print the trials, what differs, the concurrency and the wall time estimated from "
                                    "a few calibration rounds; run nothing else")
@@ -91,7 +95,7 @@ def _command(args, may_restart: bool) -> int:
         return _algorithms(args.name, args.items)
     if args.command == "sweep":
         from rayfed.sweep.cli import sweep_command
-        return sweep_command(args.items, args.out, args.select, args.group, not args.quiet, args.plan)
+        return sweep_command(args.items, args.out, args.select, args.group, not args.quiet, args.plan, args.pack)
     if args.command == "report":
         from rayfed.report.cli import report_from_args
         return report_from_args(args)

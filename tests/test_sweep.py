@@ -10,6 +10,7 @@ import shutil
 import pytest
 import yaml
 
+import rayfed
 from rayfed.callbacks.dispatch import CallbackFailed
 from rayfed.cli import main
 from rayfed.errors import RunStopped
@@ -22,6 +23,7 @@ from rayfed.sweep.runner import TrialTimes, trial_resources
 from rayfed.sweep.select import select
 from rayfed.sweep.spec import read_sweep
 from tests.test_checkpoint import interrupted
+from tests.test_vectorize import RTOL
 
 BASE = {"data": {"num_clients": 20}, "train": {"rounds": 5, "clients_per_round": 4, "eval_every": 1,
                                                "checkpoint_every": 2},
@@ -327,6 +329,29 @@ def test_one_process_runs_trial_after_trial_and_each_is_bitwise_its_rayfed_run(i
         same_run(in_tmp / f"plain{lr}", in_tmp / "out" / "trials" / f"algorithm.lr_local={lr}")
 
 
+@pytest.mark.slow
+def test_trials_that_differ_in_numbers_run_as_one_pack_each_as_its_run_alone(in_tmp, capsys, ray_cluster):
+    """Vectorised on the local engine, four trials (two learning rates, two seeds) run as one Tune trial whose
+    clients train as one batch; each keeps its own run directory, equal to its `rayfed run` alone."""
+    grid = {"algorithm.lr_local": [0.02, 0.05], "seed": [0, 1]}
+    write_sweep(in_tmp / "s.yaml", grid)
+    overrides = ["train.rounds=3", "engine.vectorize=true", "model.name=logreg"]
+    assert main(["sweep", "s.yaml", *overrides, "--out", "out", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "4 of 4 trials finished" in out and "4 trials run in 1 pack (--pack 32)" in out, out
+    for lr in (0.02, 0.05):
+        for seed in (0, 1):
+            alone = rayfed.run(load_config(None, [*_flatten(BASE), *overrides, f"algorithm.lr_local={lr}",
+                                                  f"seed={seed}"]), run_dir=in_tmp / f"alone{lr}_{seed}",
+                               progress=False)
+            trial = in_tmp / "out" / "trials" / f"algorithm.lr_local={lr}__seed={seed}"
+            records = [json.loads(line) for line in (trial / "metrics.jsonl").read_text().splitlines()]
+            assert len(records) == 3
+            for record, alone_record in zip(records, alone.history):
+                assert record["train_loss"] == pytest.approx(alone_record["train_loss"], rel=RTOL)
+                assert record["test_accuracy"] == pytest.approx(alone_record["test_accuracy"], abs=1e-6)
+
+
 def timeline(trials):
     """TrialTimes as Tune's callbacks fill it: (process, start, end, run seconds) per trial."""
     times = TrialTimes()
@@ -346,23 +371,29 @@ def test_start_up_per_trial_counts_what_processes_spend_besides_runs():
     assert reused.startup_per_trial_s(slots=2) == pytest.approx((31 + 20.5 - 50) / 5)
 
 
-def test_plan_lists_the_trials_by_what_differs_and_estimates_from_a_calibration(in_tmp, capsys):
+@pytest.mark.parametrize("vectorize, packs", [(False, 8), (True, 2)])
+def test_plan_lists_the_trials_by_what_differs_and_estimates_from_a_calibration(in_tmp, capsys, vectorize, packs):
+    """Vectorised on the local engine, the trials that differ only in a learning rate and a seed pack: the plan
+    calibrates a whole pack and counts packs of its rounds; otherwise each trial is a pack of one."""
     write_sweep(in_tmp / "s.yaml", {"algorithm.name": ["fedavg", "fedprox"], "algorithm.lr_local": [0.01, 0.1],
                                     "seed": [0, 1]})
-    assert main(["sweep", "s.yaml", "train.rounds=7", "--plan", "--out", "out"]) == 0
+    assert main(["sweep", "s.yaml", "train.rounds=7", f"engine.vectorize={str(vectorize).lower()}", "--plan",
+                 "--out", "out"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "rayfed: plan of s.yaml: 8 trials, 0 of them done in out"
     assert lines[1] == "  what differs: algorithm.name (fedavg, fedprox) x algorithm.lr_local (0.01, 0.1) x seed (0, 1)"
-    slots = min(8, os.cpu_count())      # a local trial reserves engine.worker_cpus=1
-    assert lines[2].startswith(f"  concurrency: {slots} trials at once (this machine's {os.cpu_count()} CPUs")
-    assert lines[3] == "  calibration: 3 rounds of one trial per group, in a temporary directory that is deleted"
-    rows = [line.split() for line in lines[5:7]]
+    assert lines[2] == f"  packing: 8 trials to run in {packs} packs of at most 32 (--pack)"
+    slots = min(packs, os.cpu_count())      # a local trial reserves engine.worker_cpus=1
+    assert lines[3].startswith(f"  concurrency: {slots} packs at once (this machine's {os.cpu_count()} CPUs")
+    assert lines[4] == "  calibration: 3 rounds of one pack per group, in a temporary directory that is deleted"
+    rows = [line.split() for line in lines[6:8]]
     assert [row[:3] for row in rows] == [["algorithm.name=fedavg", "4", "7"], ["algorithm.name=fedprox", "4", "7"]]
-    assert all(float(row[3]) > 0 and row[5] == "-" for row in rows)      # s/round; packing
-    estimate = re.match(r"  estimate: \d+ s = runs (\d+) s \(trials x rounds x s/round\) / (\d+) \+ start-up", lines[7])
-    assert estimate and int(estimate[2]) == slots, lines[7]
+    per_group = packs // 2
+    assert all(float(row[3]) > 0 and row[5] == f"{per_group}x{4 // per_group}" for row in rows)  # s/round; packing
+    estimate = re.match(r"  estimate: \d+ s = runs (\d+) s \(packs x rounds x s/round\) / (\d+) \+ start-up", lines[8])
+    assert estimate and int(estimate[2]) == slots, lines[8]
     # the printed s/round are rounded to 1 ms, the runs to 1 s
-    assert abs(int(estimate[1]) - sum(4 * 7 * float(row[3]) for row in rows)) <= 0.5 + 2 * 4 * 7 * 0.0005
+    assert abs(int(estimate[1]) - sum(per_group * 7 * float(row[3]) for row in rows)) <= 0.5 + 2 * 4 * 7 * 0.0005
     # Nothing is left behind: neither the sweep directory nor the calibration's runs.
     assert sorted(path.name for path in in_tmp.iterdir()) == ["s.yaml"]
 
@@ -371,6 +402,7 @@ def test_plan_lists_the_trials_by_what_differs_and_estimates_from_a_calibration(
     (["sweep", "missing.yaml", "--plan"], "rayfed: error: sweep file missing.yaml does not exist\n"),
     (["sweep", "s.yaml", "train.round=3", "--plan"], "unknown key 'train.round'"),
     (["sweep", "s.yaml", "--plan", "--out", "other"], "other holds another sweep (its sweep.yaml differs)"),
+    (["sweep", "s.yaml", "--pack", "0"], "--pack takes a number of trials of at least 1 (1: no packing), got 0"),
 ])
 def test_plan_of_bad_input_is_one_line(in_tmp, capsys, arguments, expected):
     write_sweep(in_tmp / "s.yaml", {"seed": [0, 1]})

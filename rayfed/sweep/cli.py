@@ -14,6 +14,7 @@ from rayfed.metrics import read_summary, run_status
 from rayfed.report.runs import COMPLETE_STATUSES, ENDED_STATUSES
 from rayfed.sweep.select import (check_group_keys, select, selection_document, setting_keys_of,
                                  write_selection)
+from rayfed.sweep.pack import DEFAULT_PACK
 from rayfed.sweep.spec import read_sweep
 
 SWEEP_FILE = "sweep.yaml"
@@ -22,7 +23,11 @@ MAX_SWEEP_FILE_BYTES = 2**24
 
 
 def sweep_command(items: list[str], out: str | None, metric: str | None, group_keys: list[str],
-                  progress: bool, plan: bool = False) -> int:
+                  progress: bool, plan: bool = False, pack: int | None = None) -> int:
+    """`pack`: trials per pack at most (None: rayfed.sweep.runner.DEFAULT_PACK)."""
+    if pack is not None and pack < 1:
+        raise ConfigError(f"--pack takes a number of trials of at least 1 (1: no packing), got {pack}")
+    pack = DEFAULT_PACK if pack is None else pack
     paths = [item for item in items if "=" not in item]
     overrides = [item for item in items if "=" in item]
     if len(paths) != 1:
@@ -39,7 +44,8 @@ def sweep_command(items: list[str], out: str | None, metric: str | None, group_k
                               f"one Ray job's environment: give them one")
         if plan:
             from rayfed.sweep.plan import plan_text
-            print(plan_text(sweep, paths[0], Path(scratch) / "base.yaml", _done(sweep_dir, sweep), sweep_dir), end="")
+            print(plan_text(sweep, paths[0], Path(scratch) / "base.yaml", _done(sweep_dir, sweep), sweep_dir, pack),
+                  end="")
             return 0
     try:
         from rayfed.sweep.runner import run_sweep
@@ -47,12 +53,13 @@ def sweep_command(items: list[str], out: str | None, metric: str | None, group_k
         raise ConfigError(f"rayfed sweep needs Ray Tune ({error}): pip install 'rayfed[tune]'") from None
     _claim(sweep_dir, sweep.describe())
     (sweep_dir / "base.yaml").write_text(sweep.base_text)
-    outcomes, times = run_sweep(sweep, sweep_dir, progress)
+    outcomes, times = run_sweep(sweep, sweep_dir, progress, pack)
     (sweep_dir / "status.json").write_text(json.dumps(outcomes, indent=2) + "\n")
     others = [outcome for outcome in outcomes.values() if outcome["status"] not in COMPLETE_STATUSES]
     print(f"rayfed: sweep {sweep_dir}: {len(outcomes) - len(others)} of {len(outcomes)} trials finished")
     if times is not None:
-        print(f"  {times.trials} trials run in {times.wall_s:.1f} s: Ray's start {times.ray_start_s:.1f} s, the first "
+        print(f"  {times.trials} trials run in {times.packs} pack{'s' if times.packs != 1 else ''} (--pack {pack}) "
+              f"in {times.wall_s:.1f} s: Ray's start {times.ray_start_s:.1f} s, the first "
               f"trial processes' {times.processes_start_s:.1f} s, runs {times.run_s:.1f} s ({times.slots} at a time, "
               f"{times.processes} processes), start-up {times.startup_per_trial_s:.2f} s per trial")
     for outcome in others:

@@ -12,6 +12,9 @@ from typing import Any
 from rayfed.config import Config
 from rayfed.sweep.spec import Trial
 
+# Trials per pack unless `rayfed sweep --pack` says otherwise.
+DEFAULT_PACK = 32
+
 
 def pack_key(config: Config) -> Any:
     """Trials with equal keys pack; None: the trial runs alone."""

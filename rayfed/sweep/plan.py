@@ -2,11 +2,12 @@
 here, without running it. The time per round comes from a calibration: a few rounds of one trial
 of each group (trials that differ only in their seed and in real-valued hyper-parameters such as
 learning rates, which change the numbers computed, not how many), run in a temporary directory
-that is then deleted. The estimate is
+that is then deleted. Where the group's trials pack (rayfed.sweep.pack), the calibration runs a whole
+pack, and s/round is the pack's. The estimate is
 
-    sum over groups of trials x rounds x s/round / concurrency  +  start-up
+    sum over groups of packs x rounds x s/round / concurrency  +  start-up
 
-where concurrency is how many trials Tune runs at once on the resources, and start-up is Ray's
+where concurrency is how many packs (trials, unpacked) Tune runs at once on the resources, and start-up is Ray's
 start and the trial processes' (once per sweep) and, per trial, Tune's hand-over and the run's
 own start (config, data, model), which the calibration measures."""
 from __future__ import annotations
@@ -19,8 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import rayfed
+from rayfed.engine.pack import Pack
 from rayfed.errors import RunStopped
 from rayfed.preflight import load_config
+from rayfed.sweep.pack import packs
 from rayfed.sweep.grid import varied_keys
 from rayfed.sweep.resources import trial_bundles, trial_slots
 from rayfed.sweep.spec import Sweep, Trial
@@ -32,8 +35,6 @@ CALIBRATION_ROUNDS = 3
 RAY_START_S = 20.0
 PROCESSES_START_S = 30.0
 TUNE_PER_TRIAL_S = 0.15
-# Trials still to run are packed one to a run; another packing would change this column.
-PACKING = "-"
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,10 @@ class Group:
 @dataclass(frozen=True)
 class Calibration:
     trial: Trial
+    members: int                # the trials of the calibrated pack (1: a trial alone)
     rounds: int
-    round_s: float
-    startup_s: float            # the run's own start: config, data, model
+    round_s: float              # the pack's
+    startup_s: float            # a run's own start: config, data, model
 
 
 def groups(sweep: Sweep) -> list[Group]:
@@ -60,23 +62,34 @@ def groups(sweep: Sweep) -> list[Group]:
             for key, trials in grouped.items()]
 
 
-def calibrate(group: Group, base: Path) -> Calibration | None:
-    """A few rounds of the group's first trial that does not diverge in them; None if all do."""
-    for trial in group.trials:
-        rounds = min(CALIBRATION_ROUNDS, trial.config.train.rounds)
-        config = load_config(base, [*trial.overrides, f"train.rounds={rounds}"])
-        with tempfile.TemporaryDirectory() as scratch:
-            try:
-                result = rayfed.run(config, run_dir=Path(scratch) / "run", progress=False)
-            except RunStopped:
-                continue
+def calibrate(trials: list[Trial], base: Path) -> Calibration | None:
+    """A few rounds of `trials` as one pack (or of the first trial, alone), timed by the first of them that does
+    not diverge in them; None if all do. In a pack the runs take turns, so each run's round lasts the pack's."""
+    rounds = min(CALIBRATION_ROUNDS, trials[0].config.train.rounds)
+    configs = [load_config(base, [*trial.overrides, f"train.rounds={rounds}"]) for trial in trials]
+    with tempfile.TemporaryDirectory() as scratch:
+        jobs = [lambda config=config, index=index: rayfed.run(config, run_dir=Path(scratch) / f"run{index}",
+                                                              progress=False) for index, config in enumerate(configs)]
+        outcomes = Pack().run(jobs) if len(jobs) > 1 else _alone(jobs[0])
+    for trial, result in zip(trials, outcomes):
+        if isinstance(result, RunStopped):
+            continue
+        if isinstance(result, BaseException):
+            raise result
         walls = [record["wall_time_s"] for record in result.history]
         per_round = [later - earlier for earlier, later in zip(walls, walls[1:])] or walls
-        return Calibration(trial, rounds, statistics.median(per_round), result.summary["startup_time_s"])
+        return Calibration(trial, len(trials), rounds, statistics.median(per_round), result.summary["startup_time_s"])
     return None
 
 
-def plan_text(sweep: Sweep, sweep_file: str, base: Path, done: set[str], sweep_dir: Path) -> str:
+def _alone(job) -> list:
+    try:
+        return [job()]
+    except RunStopped as stopped:
+        return [stopped]
+
+
+def plan_text(sweep: Sweep, sweep_file: str, base: Path, done: set[str], sweep_dir: Path, pack_limit: int) -> str:
     pending = [trial for trial in sweep.trials if trial.name not in done]
     lines = [f"rayfed: plan of {sweep_file}: {len(sweep.trials)} trials, {len(done)} of them done in {sweep_dir}"]
     varied = [*varied_keys(sweep.parsed), *(["seed"] if len(_values(sweep, "seed")) > 1 else [])]
@@ -87,11 +100,14 @@ def plan_text(sweep: Sweep, sweep_file: str, base: Path, done: set[str], sweep_d
         return "\n".join(lines) + "\n"
     cpus, gpus = os.cpu_count() or 1, _gpus()
     available = {"CPU": float(cpus), "GPU": float(gpus)}
-    slots = min(trial_slots(trial_bundles(trial.config), available, len(pending)) for trial in pending)
+    packed = packs(pending, pack_limit)
+    slots = min(trial_slots(trial_bundles(pack[0].config), available, len(packed)) for pack in packed)
     reserved = sum(bundle["CPU"] for bundle in trial_bundles(pending[0].config))
-    lines.append(f"  concurrency: {slots} trials at once (this machine's {cpus} CPUs{f', {gpus} GPUs' if gpus else ''}"
-                 f"; a trial reserves {reserved:g} CPU{'' if reserved == 1 else 's'})")
-    lines.append(f"  calibration: {CALIBRATION_ROUNDS} rounds of one trial per group, in a temporary directory that "
+    lines.append(f"  packing: {len(pending)} trials to run in {len(packed)} pack{'s' if len(packed) != 1 else ''} "
+                 f"of at most {pack_limit} (--pack)")
+    lines.append(f"  concurrency: {slots} packs at once (this machine's {cpus} CPUs{f', {gpus} GPUs' if gpus else ''}"
+                 f"; a pack reserves {reserved:g} CPU{'' if reserved == 1 else 's'})")
+    lines.append(f"  calibration: {CALIBRATION_ROUNDS} rounds of one pack per group, in a temporary directory that "
                  f"is deleted")
     header = (f"  {'group':<40} {'trials':>6} {'rounds':>6} {'s/round':>8} {'start-up':>8} {'packing':>7} "
               f"{'estimate':>9}")
@@ -100,25 +116,27 @@ def plan_text(sweep: Sweep, sweep_file: str, base: Path, done: set[str], sweep_d
         todo = [trial for trial in group.trials if trial.name not in done]
         if not todo:
             continue
+        group_packs = packs(todo, pack_limit)
         print(f"rayfed: calibrating group {number}: {group.label}", file=sys.stderr)
-        calibration = calibrate(group, base)
+        calibration = calibrate(group_packs[0], base)
         rounds = sum(trial.config.train.rounds for trial in todo)
         if calibration is None:
             rows.append(f"  {group.label:<40} {len(todo):>6} {rounds // len(todo):>6} {'diverged':>8}")
             continue
-        print(f"rayfed: calibrated on {calibration.trial.name}: {calibration.rounds} rounds, "
-              f"{calibration.round_s:.3f} s/round", file=sys.stderr)
-        group_run = rounds * calibration.round_s
+        print(f"rayfed: calibrated on {calibration.trial.name} (in a pack of {calibration.members}): "
+              f"{calibration.rounds} rounds, {calibration.round_s:.3f} s/round", file=sys.stderr)
+        group_run = sum(pack[0].config.train.rounds for pack in group_packs) * calibration.round_s
+        packing = f"{len(group_packs)}x{len(group_packs[0])}"
         group_startup = len(todo) * (calibration.startup_s + TUNE_PER_TRIAL_S)
         run_s += group_run
         per_trial_s += group_startup
         rows.append(f"  {group.label:<40} {len(todo):>6} {rounds // len(todo):>6} {calibration.round_s:>8.3f} "
-                    f"{calibration.startup_s + TUNE_PER_TRIAL_S:>8.2f} {PACKING:>7} "
+                    f"{calibration.startup_s + TUNE_PER_TRIAL_S:>8.2f} {packing:>7} "
                     f"{(group_run + group_startup) / slots:>7.0f} s")
     lines += [header, *rows]
     once = RAY_START_S + PROCESSES_START_S
     total = (run_s + per_trial_s) / slots + once
-    lines.append(f"  estimate: {_duration(total)} = runs {run_s:.0f} s (trials x rounds x s/round) / {slots} "
+    lines.append(f"  estimate: {_duration(total)} = runs {run_s:.0f} s (packs x rounds x s/round) / {slots} "
                  f"+ start-up ({RAY_START_S:.0f} s Ray and {PROCESSES_START_S:.0f} s trial processes once, "
                  f"{per_trial_s:.0f} s of trials' own / {slots})")
     return "\n".join(lines) + "\n"

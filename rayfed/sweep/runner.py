@@ -12,6 +12,10 @@ Ray starts once per sweep, and a trial's process serves the trials after it (Tun
 it imports rayfed and PyTorch once, and keeps the datasets it loaded (rayfed.data.cache, keyed by
 all that decides them) for the trials that load the same ones. Tune still schedules each trial,
 records it, and retries or resumes the experiment as before.
+
+Trials that batch together (rayfed.sweep.pack: vectorised, on the local engine, differing only in the seed
+and float values) go to Tune as packs of at most `--pack` trials: one Tune trial whose process runs its
+members as one batched computation (rayfed.engine.pack), each into its own run directory as above.
 """
 from __future__ import annotations
 
@@ -37,6 +41,8 @@ from rayfed.input_files import read_text
 from rayfed.provenance import CAPS
 from rayfed.metrics import read_summary, run_status
 from rayfed.report.runs import COMPLETE_STATUSES, ENDED_STATUSES
+from rayfed.engine.pack import Pack
+from rayfed.sweep.pack import DEFAULT_PACK, packs
 from rayfed.sweep.resources import trial_bundles, trial_slots
 from rayfed.sweep.spec import Sweep, Trial, shortened
 
@@ -45,8 +51,10 @@ FAILED = "failed"
 MAX_TUNE_DIR_NAME = 100
 # A trial's .failed file holds one line, why it failed.
 MAX_REASON_BYTES = 2**16
-# What a trial reports besides its accuracies: the seconds its run took in its process.
+# What a Tune trial reports: the seconds its runs took in its process, and how many trials (a pack's) it ran.
 RUN_S = "run_s"
+MEMBERS = "members"
+
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,7 @@ class SweepTimes:
     processes_start_s: float        # from Tune's start to its first trial's start
     tune_s: float                   # from Tune's start to its end
     trials: int                     # those run (the sweep directory's finished ones are not)
+    packs: int                      # the Tune trials that ran them, each a pack of trials (rayfed.sweep.pack)
     processes: int                  # the processes that ran them
     slots: int                      # trials at once, from the resources
     run_s: float                    # the trials' runs, summed
@@ -80,18 +89,30 @@ def trial_status(run_dir: Path) -> str | None:
 
 
 def run_trial(tune_config: dict) -> None:
-    """One Tune trial: a run into its run directory, continued from its checkpoint when it has one."""
-    spec = tune_config["spec"]
+    """One Tune trial: a trial's run, or a pack's runs as one batched computation, each into its run directory and
+    continued from its checkpoint when it has one."""
+    members = tune_config["spec"]["members"]
     # Tune starts trials in a directory of its own; configs name files relative to where rayfed runs.
-    if os.path.isdir(spec["cwd"]):
-        os.chdir(spec["cwd"])
-    for name, value in spec["environment"].items():
+    if os.path.isdir(members[0]["cwd"]):
+        os.chdir(members[0]["cwd"])
+    for name, value in members[0]["environment"].items():
         os.environ.setdefault(name, value)
-    run_dir = Path(spec["run_dir"])
-    failure = run_dir.parent / f"{run_dir.name}.failed"
     # This process runs the trials after this one too: their data is loaded once.
     keep_datasets()
     started = time.perf_counter()
+    if len(members) == 1:
+        _run_member(members[0])
+    else:
+        outcomes = Pack().run([lambda member=member: _run_member(member) for member in members])
+        failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+        if failures:
+            raise failures[0]
+    tune.report({RUN_S: time.perf_counter() - started, MEMBERS: len(members)})
+
+
+def _run_member(spec: dict) -> None:
+    run_dir = Path(spec["run_dir"])
+    failure = run_dir.parent / f"{run_dir.name}.failed"
     try:
         if trial_status(run_dir) not in ENDED_STATUSES:
             if has_checkpoint(run_dir):
@@ -108,10 +129,6 @@ def run_trial(tune_config: dict) -> None:
         _record_failure(failure, error)
         raise
     failure.unlink(missing_ok=True)
-    summary = read_summary(run_dir) or {}
-    tune.report({**{key: _finite(summary.get(key)) for key in ("best_test_accuracy", "final_test_accuracy",
-                                                                    "rounds_completed")},
-                 RUN_S: time.perf_counter() - started})
 
 
 def _record_failure(failure: Path, error: BaseException) -> None:
@@ -122,13 +139,14 @@ def _finite(value):
     return value if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def run_sweep(sweep: Sweep, sweep_dir: Path, progress: bool) -> tuple[dict[str, dict], SweepTimes | None]:
-    """Runs every trial not already done; returns each trial's status and, if it failed, why, and
-    where the time went (None when every trial was done)."""
+def run_sweep(sweep: Sweep, sweep_dir: Path, progress: bool,
+              pack_limit: int = DEFAULT_PACK) -> tuple[dict[str, dict], SweepTimes | None]:
+    """Runs every trial not already done, in packs of at most `pack_limit`; returns each trial's status and, if it
+    failed, why, and where the time went (None when every trial was done)."""
     trials_dir = sweep_dir / "trials"
     trials_dir.mkdir(exist_ok=True)
     pending = [trial for trial in sweep.trials if trial_status(trials_dir / trial.name) not in ENDED_STATUSES]
-    times = _run_trials(sweep, pending, sweep_dir, progress) if pending else None
+    times = _run_trials(sweep, packs(pending, pack_limit), sweep_dir, progress) if pending else None
     return {trial.name: _outcome(trials_dir, trial) for trial in sweep.trials}, times
 
 
@@ -140,6 +158,7 @@ class TrialTimes(tune.Callback):
         self.started: dict[str, float] = {}
         self.ended: dict[str, float] = {}
         self.run_s: dict[str, float] = {}
+        self.members: dict[str, int] = {}
         self.process: dict[str, tuple] = {}
 
     def on_trial_start(self, iteration, trials, trial, **info):
@@ -147,6 +166,7 @@ class TrialTimes(tune.Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         self.run_s[trial.trial_id] = result.get(RUN_S, 0.0)
+        self.members[trial.trial_id] = result.get(MEMBERS, 1)
         self.process[trial.trial_id] = (result.get("node_ip"), result.get("pid"))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
@@ -173,7 +193,8 @@ class TrialTimes(tune.Callback):
         freed = sorted(end for _, end in spans.values())
         later = sorted(start for start, _ in spans.values())[slots:]
         busy += sum(max(0.0, start - end) for start, end in zip(later, freed))
-        return (busy - sum(self.run_s[trial] for trial in self.process if trial in self.ended)) / len(self.ended)
+        ended = [trial for trial in self.process if trial in self.ended]
+        return (busy - sum(self.run_s[trial] for trial in ended)) / sum(self.members[trial] for trial in ended)
 
 
 class TrialProgress(tune.Callback):
@@ -192,23 +213,26 @@ class TrialProgress(tune.Callback):
         self._show()
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self._finished(failed=False)
+        self._finished(trial, failed=False)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self._finished(failed=True)
+        self._finished(trial, failed=True)
 
-    def _finished(self, failed: bool) -> None:
+    def _finished(self, trial, failed: bool) -> None:
+        """A Tune trial is a pack of trials (of one, unpacked)."""
         self.running -= 1
         self.failed += failed
-        self.bar.update(1)
+        self.bar.update(len(trial.config["spec"]["members"]))
         self._show()
 
     def on_experiment_end(self, trials, **info):
         self.bar.close()
 
 
-def _run_trials(sweep: Sweep, pending: list[Trial], sweep_dir: Path, progress: bool) -> SweepTimes:
+def _run_trials(sweep: Sweep, packed: list[list[Trial]], sweep_dir: Path, progress: bool) -> SweepTimes:
+    """Runs the trials of `packed`, a pack per Tune trial."""
     started = time.perf_counter()
+    pending = [trial for pack in packed for trial in pack]
     largest = max(sum(bundle["CPU"] for bundle in trial_bundles(trial.config)) for trial in pending)
     engine = pending[0].config.engine
     # Tune's newer console output prints its own tables whatever `verbose` says; ours is the progress bar.
@@ -222,11 +246,14 @@ def _run_trials(sweep: Sweep, pending: list[Trial], sweep_dir: Path, progress: b
     rayfed.release_actors()
     try:
         environment = _trial_environment(sweep_dir)
-        specs = [{"name": trial.name, "base": str(sweep_dir / "base.yaml"), "overrides": list(trial.overrides),
-                  "run_dir": str(sweep_dir / "trials" / trial.name), "cwd": os.getcwd(), "environment": environment}
-                 for trial in pending]
+        specs = [{"name": _pack_name(pack),
+                  "members": [{"base": str(sweep_dir / "base.yaml"), "overrides": list(trial.overrides),
+                               "run_dir": str(sweep_dir / "trials" / trial.name), "cwd": os.getcwd(),
+                               "environment": environment} for trial in pack]}
+                 for pack in packed]
         # Resolved here: a trial's config may hold a plugin's classes, which Tune's processes could not unpickle.
-        resources = {trial.name: trial_resources(trial.config) for trial in pending}
+        # A pack's members differ only in numbers: its first trial's resources serve it.
+        resources = {_pack_name(pack): trial_resources(pack[0].config) for pack in packed}
         trainable = tune.with_resources(run_trial, lambda tune_config: resources[tune_config["spec"]["name"]])
         times = TrialTimes()
         tuner = tune.Tuner(
@@ -240,16 +267,20 @@ def _run_trials(sweep: Sweep, pending: list[Trial], sweep_dir: Path, progress: b
                                                                progress), times],
                                       failure_config=tune.FailureConfig(max_failures=0)))
         available = ray.cluster_resources()
-        slots = min(trial_slots(trial_bundles(trial.config), available, len(pending)) for trial in pending)
+        slots = min(trial_slots(trial_bundles(pack[0].config), available, len(packed)) for pack in packed)
         fit_started = time.perf_counter()
         tuner.fit()
         first_start = min(times.started.values(), default=fit_started)
         return SweepTimes(ray_start_s, first_start - fit_started, time.perf_counter() - fit_started, len(pending),
-                          len(set(times.process.values())), slots, sum(times.run_s.values()),
+                          len(packed), len(set(times.process.values())), slots, sum(times.run_s.values()),
                           times.startup_per_trial_s(slots))
     finally:
         if started_ray:
             ray.shutdown()
+
+
+def _pack_name(pack: list[Trial]) -> str:
+    return pack[0].name if len(pack) == 1 else f"{pack[0].name}+{len(pack) - 1}"
 
 
 def _trial_environment(sweep_dir: Path) -> dict[str, str]:
