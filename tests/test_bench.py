@@ -139,15 +139,16 @@ def test_the_table_shows_no_pss_where_the_kernel_does_not_tell():
 @pytest.mark.slow
 def test_bench_study_times_a_sweep_s_start_up_apart_from_its_runs(tmp_path, capsys):
     """`rayfed bench study`: a small sweep through rayfed sweep's machinery, its time split into Ray's
-    start, the trial processes' start, the start-up per trial and the runs."""
+    start, the trial processes' start, the start-up per trial and the runs; vectorised, its 8 trials
+    (2 learning rates x 4 seeds) run as one pack."""
     out = tmp_path / "bench.json"
-    assert main(["bench", "study", "--engines", "local", "--json", str(out)]) == 0
-    row = json.loads(out.read_text())["workloads"]["study"]["local"]
+    assert main(["bench", "study", "--engines", "local_vec", "--json", str(out)]) == 0
+    row = json.loads(out.read_text())["workloads"]["study"]["local_vec"]
     assert set(row) == set(ROW_KEYS)
-    assert (row["trials"], row["rounds"]) == (8, 2)
+    assert (row["trials"], row["packs"], row["rounds"]) == (8, 1, 2)
     # Trials reuse the processes Tune started: no more of them than trials run at once.
     assert 1 <= row["processes"] <= row["slots"] <= 8
     assert row["run_per_trial_s"] == pytest.approx(row["run_s"] / 8)
     assert 0 < row["ray_start_s"] + row["processes_start_s"] + row["run_s"] / row["slots"] < row["wall_s"]
     printed = capsys.readouterr().out
-    assert printed.startswith("study: rayfed sweep of 8 trials") and "\nlocal " in printed
+    assert printed.startswith("study: rayfed sweep of 8 trials") and "\nlocal_vec " in printed

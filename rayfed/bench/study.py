@@ -1,6 +1,8 @@
 """The `study` workload of `rayfed bench`: a small sweep run end to end by `rayfed sweep`'s machinery
 (Ray Tune trials, each a run directory), timed for what a study costs besides its runs: Ray's
-start, the trial processes' start, and the start-up per trial (rayfed.sweep.runner.SweepTimes)."""
+start, the trial processes' start, and the start-up per trial (rayfed.sweep.runner.SweepTimes). Under a
+vectorised local engine (`--engines local_vec`) its trials, which differ in a learning rate and a seed, run as
+one pack (rayfed.sweep.pack)."""
 from __future__ import annotations
 
 import statistics
@@ -17,7 +19,7 @@ STUDY_ROUNDS = 2
 # Small clients and few rounds: a trial's run is short, so start-up is what the figure shows.
 STUDY_OVERRIDES = ["data.num_clients=100", "train.clients_per_round=10"]
 STUDY_GRID = {"algorithm.lr_local": [0.01, 0.05], "seed": [0, 1, 2, 3]}
-ROW_KEYS = ("trials", "rounds", "wall_s", "ray_start_s", "processes_start_s", "startup_per_trial_s", "run_s",
+ROW_KEYS = ("trials", "packs", "rounds", "wall_s", "ray_start_s", "processes_start_s", "startup_per_trial_s", "run_s",
             "run_per_trial_s", "run_startup_per_trial_s", "slots", "processes")
 
 
@@ -45,7 +47,7 @@ def measure_study(overrides: list[str]) -> dict:
     unfinished = [name for name, outcome in outcomes.items() if outcome["status"] != "finished"]
     if unfinished:
         raise RuntimeError(f"the study's trials {', '.join(unfinished)} did not finish")
-    return {"trials": times.trials, "rounds": STUDY_ROUNDS, "wall_s": wall_s, "ray_start_s": times.ray_start_s,
+    return {"trials": times.trials, "packs": times.packs, "rounds": STUDY_ROUNDS, "wall_s": wall_s, "ray_start_s": times.ray_start_s,
             "processes_start_s": times.processes_start_s, "startup_per_trial_s": times.startup_per_trial_s,
             "run_s": times.run_s, "run_per_trial_s": times.run_s / times.trials,
             "run_startup_per_trial_s": statistics.mean(summary.get("startup_time_s", 0.0) for summary in summaries),
@@ -58,12 +60,12 @@ def reduce_study(measured: list[dict]) -> dict:
 
 
 def format_study(table: dict) -> str:
-    header = (f"{'':<10}{'trials':>7}{'wall s':>8}{'Ray':>7}{'procs':>7}{'start-up':>9}{'run':>7}{'(start)':>8}"
+    header = (f"{'':<10}{'trials':>7}{'packs':>6}{'wall s':>8}{'Ray':>7}{'procs':>7}{'start-up':>9}{'run':>7}{'(start)':>8}"
               f"{'at once':>8}{'procs':>6}")
     lines = [f"{STUDY}: {DESCRIPTIONS[STUDY]}",
              header + "   (seconds; start-up, run and the run's own start per trial)"]
     for name, row in table.items():
-        lines.append(f"{name:<10}{row['trials']:>7.0f}{row['wall_s']:>8.1f}{row['ray_start_s']:>7.1f}"
+        lines.append(f"{name:<10}{row['trials']:>7.0f}{row['packs']:>6.0f}{row['wall_s']:>8.1f}{row['ray_start_s']:>7.1f}"
                      f"{row['processes_start_s']:>7.1f}{row['startup_per_trial_s']:>9.2f}{row['run_per_trial_s']:>7.2f}"
                      f"{row['run_startup_per_trial_s']:>8.2f}{row['slots']:>8.0f}{row['processes']:>6.0f}")
     return "\n".join(lines)
