@@ -63,17 +63,19 @@ def stacked_gram64(parts: Sequence[Tensor], blocks: Sequence[tuple[int, int]]) -
     device = parts[0].device
     out = torch.zeros(batch, len(blocks), count, count, dtype=torch.float64, device=device)
     chunk = _chunk(count)
-    for index, (start, stop) in enumerate(blocks):
-        for low in range(start, stop, chunk):
-            high = min(low + chunk, stop)
-            padded = -(high - low) // ALIGNMENT * -ALIGNMENT
-            stacked = torch.empty(batch, count, padded, dtype=torch.float64, device=device)[:, :, :high - low]
-            row = 0
-            for part in parts:
-                stacked[:, row:row + part.shape[1]] = part[:, :, low:high]
-                row += part.shape[1]
-            for row_stack, block_gram in zip(stacked, out[:, index]):
-                block_gram += row_stack @ row_stack.T
+    # One stack at a time, so that the buffer holds one stack's chunk and stays in cache.
+    buffer = torch.empty(count, -chunk // ALIGNMENT * -ALIGNMENT, dtype=torch.float64, device=device)
+    for stack in range(batch):
+        for index, (start, stop) in enumerate(blocks):
+            block_gram = out[stack, index]
+            for low in range(start, stop, chunk):
+                high = min(low + chunk, stop)
+                stacked = buffer[:, :high - low]
+                row = 0
+                for part in parts:
+                    stacked[row:row + part.shape[1]] = part[stack, :, low:high]
+                    row += part.shape[1]
+                block_gram += stacked @ stacked.T
     return out
 
 

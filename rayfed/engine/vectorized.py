@@ -348,17 +348,23 @@ class ClientBatchTask:
         """Each client's gradient and (loss, statistics) at its row of `params`, as
         vmap(grad_and_value(_loss)) gives them: a client's loss depends on its own row alone, so one
         backward pass of the summed losses gives every client's gradient. The leaves are the parameter
-        tensors' columns of `params`, not `params`: a slice of one flat leaf would backpropagate a
-        zero-filled full-width gradient per parameter tensor."""
-        leaves = [part.detach().requires_grad_() for part in params.split(self.sizes, dim=1)]
+        tensors' columns of `params`, shaped as the parameters, not `params`: a slice of one flat leaf would
+        backpropagate a zero-filled full-width gradient per parameter tensor."""
+        leaves = [part.detach().view(-1, *shape).requires_grad_()
+                  for part, (_, shape, _) in zip(params.split(self.sizes, dim=1), self.shapes)]
         with torch.enable_grad():
             losses, statistics = self.per_client_losses(leaves, inputs, targets, weights, masks)
             grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True, materialize_grads=True)
-        return torch.cat(grads, dim=1), (losses.detach(), statistics)
+        out = torch.empty_like(params)
+        # Copied straight into their columns: a layer's gradient may come out transposed, which a reshape
+        # before torch.cat would copy once more.
+        for part, (_, shape, _), grad in zip(out.split(self.sizes, dim=1), self.shapes, grads):
+            part.view(-1, *shape).copy_(grad)
+        return out, (losses.detach(), statistics)
 
     def _loss(self, parts: list[Tensor], inputs: Tensor, targets: Tensor, weights: Tensor,
               masks: tuple[Tensor, ...]) -> tuple[Tensor, tuple]:
-        named = {name: part.view(shape) for (name, shape, _), part in zip(self.shapes, parts)}
+        named = {name: part for (name, _, _), part in zip(self.shapes, parts)}
         logits, statistics = self.batched(named, inputs, masks, weights)
         losses = F.cross_entropy(logits, targets, reduction="none")
         return (losses * weights).sum() / weights.sum(), statistics
