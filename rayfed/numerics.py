@@ -63,17 +63,19 @@ def stacked_gram64(parts: Sequence[Tensor], blocks: Sequence[tuple[int, int]]) -
     device = parts[0].device
     out = torch.zeros(batch, len(blocks), count, count, dtype=torch.float64, device=device)
     chunk = _chunk(count)
-    for index, (start, stop) in enumerate(blocks):
-        for low in range(start, stop, chunk):
-            high = min(low + chunk, stop)
-            padded = -(high - low) // ALIGNMENT * -ALIGNMENT
-            stacked = torch.empty(batch, count, padded, dtype=torch.float64, device=device)[:, :, :high - low]
-            row = 0
-            for part in parts:
-                stacked[:, row:row + part.shape[1]] = part[:, :, low:high]
-                row += part.shape[1]
-            for row_stack, block_gram in zip(stacked, out[:, index]):
-                block_gram += row_stack @ row_stack.T
+    # One stack at a time, so that the buffer holds one stack's chunk and stays in cache.
+    buffer = torch.empty(count, -chunk // ALIGNMENT * -ALIGNMENT, dtype=torch.float64, device=device)
+    for stack in range(batch):
+        for index, (start, stop) in enumerate(blocks):
+            block_gram = out[stack, index]
+            for low in range(start, stop, chunk):
+                high = min(low + chunk, stop)
+                stacked = buffer[:, :high - low]
+                row = 0
+                for part in parts:
+                    stacked[row:row + part.shape[1]] = part[stack, :, low:high]
+                    row += part.shape[1]
+                block_gram += stacked @ stacked.T
     return out
 
 
@@ -88,14 +90,25 @@ def stacked_combine64(base: Tensor, weights: Tensor, rows: Sequence[Tensor], blo
     out = torch.empty_like(base)
     finite = torch.ones_like(use)
     chunk = _chunk(len(rows) + 1)
-    for index, (start, stop) in enumerate(blocks):
-        for low in range(start, stop, chunk):
-            high = min(low + chunk, stop)
-            # A copy even in float64, where .double() would be base itself and addcmul_ would write into it.
-            combined = base[:, low:high].to(torch.float64, copy=True)
-            for row, weight in zip(rows, weights[:, index].unbind(1)):
-                combined.addcmul_(weight[:, None], row[:, low:high])
-            part = torch.where(use[:, index, None], combined.to(base.dtype), base[:, low:high])
-            out[:, low:high] = part
-            finite[:, index] &= part.isfinite().all(1)
+    # One stack at a time, so that a chunk's float64 temporaries stay in cache.
+    for stack in range(base.shape[0]):
+        for index, (start, stop) in enumerate(blocks):
+            for low in range(start, stop, chunk):
+                high = min(low + chunk, stop)
+                # A copy even in float64, where .double() would be base itself and addcmul_ would write into it.
+                combined = base[stack, low:high].to(torch.float64, copy=True)
+                for row, weight in zip(rows, weights[stack, index]):
+                    combined.addcmul_(weight, row[stack, low:high])
+                part = out[stack, low:high]
+                torch.where(dense_condition(use[stack, index], part), combined.to(base.dtype), base[stack, low:high],
+                            out=part)
+                # The largest magnitude is not finite where any entry is not (amax propagates nan): one
+                # reduction, where isfinite() takes several passes.
+                finite[stack, index] &= part.abs().amax().isfinite()
     return out, finite
+
+
+def dense_condition(condition: Tensor, like: Tensor) -> Tensor:
+    """`condition` broadcast to `like`'s shape in memory of its own: torch.where over a broadcast (stride 0)
+    condition takes a kernel several times slower than over a dense one."""
+    return condition.expand_as(like).contiguous()

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rayfed.numerics import block_dot64, combine64, stacked_combine64, stacked_gram64
+from rayfed.numerics import block_dot64, combine64, dense_condition, stacked_combine64, stacked_gram64
 
 SOLVERS = ("auto", "cvxopt", "enum")
 ENUM_MAX_ROWS = 3         # 2^C supports per QP: cheap for the worker's three constraints only
@@ -149,7 +149,7 @@ def cone_project_batch(p: Tensor, M: Tensor | Sequence[Tensor], blocks: Sequence
     # Blocks that failed on non-finite input keep their non-finite p; a corrected block that is not
     # finite overflowed in the cast back to p's dtype, and that projection returns p.
     overflow = (corrected & ~finite).any(1)
-    return torch.where(overflow[:, None], p, ptilde), stats.failing(overflow)
+    return torch.where(dense_condition(overflow[:, None], p), p, ptilde), stats.failing(overflow)
 
 
 def _solve_projections(gram: Tensor, b: Tensor, p_dots: Tensor, margin: float, ridge: float,

@@ -165,10 +165,10 @@ class GradMA(Algorithm):
         for _ in range(task.steps):
             batch = task.next_batch()
             loss, grad = task.loss_and_grad(current, batch)
-            gradient = grad.clone()
+            gradient = _kept(grad)
             loss_sum = loss_sum + loss.double()
-            at_previous = task.loss_and_grad(previous, batch)[1].clone()              # a1
-            at_global = task.loss_and_grad(anchor, batch)[1].clone()                  # a2
+            at_previous = _kept(task.loss_and_grad(previous, batch)[1])               # a1
+            at_global = _kept(task.loss_and_grad(anchor, batch)[1])                   # a2
             constraints = [at_previous, at_global, current - anchor]                  # a3 = x_tau - x_t
             corrected, stats = self._project_local(gradient, constraints)
             steps.add(stats)
@@ -216,6 +216,12 @@ class GradMA(Algorithm):
         if self.qp_scope == "model":
             return cone_project(vector, constraints, gram=gram, margin=margin)
         return cone_project_blocks(vector, constraints, self.param_blocks, block_grams=gram, margin=margin)
+
+
+def _kept(grad: Tensor) -> Tensor:
+    """A pass's gradient, safe to keep across the step's next passes: one client's pass returns its
+    model's gradient buffer, which the next pass overwrites; a stack's (engine.vectorize) a new tensor."""
+    return grad.clone() if grad.ndim == 1 else grad
 
 
 class _StepDiagnostics:

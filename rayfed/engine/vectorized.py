@@ -71,7 +71,7 @@ class Layout:
 class PassState:
     """What the rebuilt layers of one model share during a pass: the dropout masks still to apply, the
     batch statistics reported so far, both in call order, and `rows`, the client's row weights (1 for
-    its own rows, 0 for padding); while `layout` is set (a probe on the meta device), the layers record
+    its own rows, 0 for padding); while `layout` is set (a probe pass over zeros), the layers record
     what they are called with there instead."""
 
     def __init__(self):
@@ -155,9 +155,10 @@ class BatchedModule:
         self.running = [(buffer_offsets[f"{name}.running_mean"], buffer_offsets[f"{name}.running_var"],
                          layer.num_features, layer.momentum) for name, layer in _tracking_norms(module)]
         self.draws_masks = any(isinstance(layer, MaskedDropout) for layer in self.module.modules())
-        # The same layers on the meta device, whose passes record the Layout of a batch shape.
+        # The same layers, whose passes over zeros record the Layout of a batch shape: on the model's device,
+        # as a first pass on the meta device spends seconds loading torch's meta kernels.
         self.probe_state = PassState()
-        self.probe = _rebuilt(copy.deepcopy(module).to("meta"), self.probe_state)
+        self.probe = _rebuilt(copy.deepcopy(module), self.probe_state)
         self.layouts: dict[tuple, Layout] = {}
 
     def __call__(self, named: dict[str, Tensor], inputs: Tensor, masks: tuple[Tensor, ...],
@@ -174,12 +175,12 @@ class BatchedModule:
         return logits, statistics
 
     def layout(self, inputs: Tensor) -> Layout:
-        """The Layout of a pass over one client's `inputs`, from a pass on the meta device."""
+        """The Layout of a pass over one client's `inputs`, from a probe pass over zeros of their shape."""
         key = (tuple(inputs.shape), inputs.dtype)
         if key not in self.layouts:
             self.probe_state.layout = Layout()
             with torch.no_grad():
-                self.probe(torch.empty(inputs.shape, dtype=inputs.dtype, device="meta"))
+                self.probe(torch.zeros(inputs.shape, dtype=inputs.dtype, device=inputs.device))
             self.layouts[key], self.probe_state.layout = self.probe_state.layout, None
         return self.layouts[key]
 
@@ -236,7 +237,8 @@ class ClientBatchTask:
         self.num_samples = [task.num_samples for task in client_tasks]
         self.shapes = [(name, parameter.shape, parameter.numel()) for name, parameter
                        in model.module.named_parameters() if parameter.requires_grad]
-        self.per_client_grad = vmap(grad_and_value(self._loss, has_aux=True))
+        self.sizes = [size for _, _, size in self.shapes]
+        self.per_client_losses = vmap(self._loss)
         self.stacked_buffers = buffers.expand(len(client_tasks), -1).clone()
         # Running statistics move only in passes at the clients' own parameters, as in ClientTask._at.
         self.resident: Tensor | None = None
@@ -341,12 +343,28 @@ class ClientBatchTask:
                            *masks: Tensor) -> tuple[Tensor, tuple]:
         return self.per_client_grad(params, inputs, targets, weights, masks)
 
-    def _loss(self, flat: Tensor, inputs: Tensor, targets: Tensor, weights: Tensor,
+    def per_client_grad(self, params: Tensor, inputs: Tensor, targets: Tensor, weights: Tensor,
+                        masks: tuple[Tensor, ...]) -> tuple[Tensor, tuple]:
+        """Each client's gradient and (loss, statistics) at its row of `params`, as
+        vmap(grad_and_value(_loss)) gives them: a client's loss depends on its own row alone, so one
+        backward pass of the summed losses gives every client's gradient. The leaves are the parameter
+        tensors' columns of `params`, shaped as the parameters, not `params`: a slice of one flat leaf would
+        backpropagate a zero-filled full-width gradient per parameter tensor."""
+        leaves = [part.detach().view(-1, *shape).requires_grad_()
+                  for part, (_, shape, _) in zip(params.split(self.sizes, dim=1), self.shapes)]
+        with torch.enable_grad():
+            losses, statistics = self.per_client_losses(leaves, inputs, targets, weights, masks)
+            grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True, materialize_grads=True)
+        out = torch.empty_like(params)
+        # Copied straight into their columns: a layer's gradient may come out transposed, which a reshape
+        # before torch.cat would copy once more.
+        for part, (_, shape, _), grad in zip(out.split(self.sizes, dim=1), self.shapes, grads):
+            part.view(-1, *shape).copy_(grad)
+        return out, (losses.detach(), statistics)
+
+    def _loss(self, parts: list[Tensor], inputs: Tensor, targets: Tensor, weights: Tensor,
               masks: tuple[Tensor, ...]) -> tuple[Tensor, tuple]:
-        named, offset = {}, 0
-        for name, shape, size in self.shapes:
-            named[name] = flat[offset:offset + size].view(shape)
-            offset += size
+        named = {name: part for (name, _, _), part in zip(self.shapes, parts)}
         logits, statistics = self.batched(named, inputs, masks, weights)
         losses = F.cross_entropy(logits, targets, reduction="none")
         return (losses * weights).sum() / weights.sum(), statistics
