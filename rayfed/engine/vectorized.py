@@ -239,6 +239,9 @@ class ClientBatchTask:
                        in model.module.named_parameters() if parameter.requires_grad]
         self.sizes = [size for _, _, size in self.shapes]
         self.per_client_losses = vmap(self._loss)
+        # vmap has no batching rule for a recurrent layer's fused kernel outside torch.func.grad, which decomposes it.
+        self.recurrent = any(isinstance(layer, nn.RNNBase) for layer in model.module.modules())
+        self.per_client_grad_and_value = vmap(grad_and_value(self._flat_loss, has_aux=True))
         self.stacked_buffers = buffers.expand(len(client_tasks), -1).clone()
         # Running statistics move only in passes at the clients' own parameters, as in ClientTask._at.
         self.resident: Tensor | None = None
@@ -350,6 +353,9 @@ class ClientBatchTask:
         backward pass of the summed losses gives every client's gradient. The leaves are the parameter
         tensors' columns of `params`, shaped as the parameters, not `params`: a slice of one flat leaf would
         backpropagate a zero-filled full-width gradient per parameter tensor."""
+        if self.recurrent:
+            grads, (losses, statistics) = self.per_client_grad_and_value(params, inputs, targets, weights, masks)
+            return grads, (losses.detach(), statistics)
         leaves = [part.detach().view(-1, *shape).requires_grad_()
                   for part, (_, shape, _) in zip(params.split(self.sizes, dim=1), self.shapes)]
         with torch.enable_grad():
@@ -361,6 +367,11 @@ class ClientBatchTask:
         for part, (_, shape, _), grad in zip(out.split(self.sizes, dim=1), self.shapes, grads):
             part.view(-1, *shape).copy_(grad)
         return out, (losses.detach(), statistics)
+
+    def _flat_loss(self, flat: Tensor, inputs: Tensor, targets: Tensor, weights: Tensor,
+                   masks: tuple[Tensor, ...]) -> tuple[Tensor, tuple]:
+        parts = [part.view(shape) for part, (_, shape, _) in zip(flat.split(self.sizes), self.shapes)]
+        return self._loss(parts, inputs, targets, weights, masks)
 
     def _loss(self, parts: list[Tensor], inputs: Tensor, targets: Tensor, weights: Tensor,
               masks: tuple[Tensor, ...]) -> tuple[Tensor, tuple]:

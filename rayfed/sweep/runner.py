@@ -194,7 +194,7 @@ class TrialTimes(tune.Callback):
         later = sorted(start for start, _ in spans.values())[slots:]
         busy += sum(max(0.0, start - end) for start, end in zip(later, freed))
         ended = [trial for trial in self.process if trial in self.ended]
-        return (busy - sum(self.run_s[trial] for trial in ended)) / sum(self.members[trial] for trial in ended)
+        return (busy - sum(self.run_s[trial] for trial in ended)) / sum(self.members.get(trial, 1) for trial in ended)
 
 
 class TrialProgress(tune.Callback):
