@@ -425,7 +425,7 @@ class ClientBatchTask:
         """objective_loss_and_grad for `clients` (indices into the stack), whose batches `batch` are."""
         rows = params if len(clients) == len(self.client_tasks) else params[clients]
         layout = self._objective_layout(loss_fn, rows, batch, weighted)
-        masks = self._objective_masks(layout, clients)
+        masks = self._masks(layout.dropouts, batch[0].shape[1], _lengths(batch[2]), clients.tolist())
         per_client = vmap(grad_and_value(partial(self._objective_loss, loss_fn, weighted), has_aux=True))
         grads, (losses, statistics) = per_client(rows, *batch, masks, clients)
         if params is self.resident and layout.norms:
@@ -481,23 +481,6 @@ class ClientBatchTask:
                 self.frozen_rows.select = None
         return self.objective_layouts[key]
 
-    def _objective_masks(self, layout: Layout, clients: Tensor) -> tuple[Tensor, ...]:
-        """Each dropout call's masks for one objective pass of `clients`, stacked over them, as _draw_masks
-        draws a plain pass's: each client's from its own stream, in the call order of `layout`."""
-        if not layout.dropouts:
-            return ()
-        ones = [torch.ones(shape, dtype=self.model.params.dtype, device=self.model.device)
-                for _, shape in layout.dropouts]
-        saved = self.generator.get_state()
-        per_call = [[] for _ in layout.dropouts]
-        for client in clients.tolist():
-            self.generator.set_state(self.dropout_states[client])
-            for masks, (rate, _), call_ones in zip(per_call, layout.dropouts, ones):
-                masks.append(F.dropout(call_ones, rate, training=True))
-            self.dropout_states[client] = self.generator.get_state()
-        self.generator.set_state(saved)
-        return tuple(torch.stack(masks) for masks in per_call)
-
     def _seeded_states(self, seeds: list[int]) -> list[Tensor]:
         saved = self.generator.get_state()
         states = []
@@ -515,8 +498,14 @@ class ClientBatchTask:
         masks the client's sequential pass would draw; padding rows get zeros."""
         if not self.dropout_states:
             return ()
-        calls = self.batched.layout(client_inputs).dropouts
-        rows = client_inputs.shape[0]
+        return self._masks(self.batched.layout(client_inputs).dropouts, client_inputs.shape[0], lengths, clients)
+
+    def _masks(self, calls: list[tuple[float, tuple[int, ...]]], rows: int, lengths: list[int],
+               clients: list[int] | None) -> tuple[Tensor, ...]:
+        """The masks of dropout calls `calls` (in call order) over batches of `rows` rows, as _draw_masks says;
+        an objective's passes (objective_loss_and_grad) give their own calls."""
+        if not calls:
+            return ()
         if min(lengths) < rows and any(shape[0] != rows for _, shape in calls):
             raise ValueError(f"engine.vectorize: a dropout layer's inputs have {rows} rows per batch of "
                              f"{[shape[0] for _, shape in calls]}; clients' batches of different lengths need "
