@@ -224,37 +224,6 @@ def test_batchnorm_and_dropout_clients_train_batched_as_they_would_alone(monkeyp
         assert start_buffers.numel() == 0 or not torch.equal(buffers, start_buffers)
 
 
-def test_bucket_rows_is_the_next_power_of_two_within_the_batch():
-    lengths = torch.tensor([1, 2, 3, 5, 8, 9, 33, 64, 100])
-    assert vectorized.bucket_rows(lengths, 64).tolist() == [1, 2, 4, 8, 8, 16, 64, 64, 64]
-    assert vectorized.bucket_rows(lengths, 50).tolist() == [1, 2, 4, 8, 8, 16, 50, 50, 50]
-
-
-def test_a_clients_gradients_do_not_depend_on_its_batch_mates(monkeypatch):
-    """Bit for bit, in float32: client 0's minibatch gradients and its full local gradient (chunks of 64) are
-    the same alone, beside a client of another size, and beside two (its bucket shared or not)."""
-    monkeypatch.setattr(vectorized, "FULL_GRADIENT_CHUNK", 64)
-    torch.manual_seed(0)
-    model = FlatModel(build_model("mlp", (3, 8, 8), 10, [16]))
-    sizes = [13, 200, 7, 12]
-    offsets = [0, *itertools.accumulate(sizes)]
-    inputs, targets = torch.randn(offsets[-1], 3, 8, 8), torch.randint(0, 10, (offsets[-1],))
-
-    def client_0_gradients(mates):
-        clients = [0, *mates]
-        tasks = [ClientTask(model, inputs, targets, torch.arange(offsets[c], offsets[c + 1]), 8,
-                            torch_generator(0, Purpose.BATCHES, 0, c)) for c in clients]
-        batch = ClientBatchTask(model, BatchedModule(model.module), tasks, model.buffers.clone(), clients)
-        params = batch.start_from(model.params)
-        steps = [batch.loss_and_grad(params, batch.next_batch()) for _ in range(3)]
-        full = batch.full_loss_and_grad(params)
-        return [(loss[0], grad[0]) for loss, grad in (*steps, full)]
-    alone = client_0_gradients([])
-    for mates in ([1], [2, 3], [1, 2, 3]):
-        for (loss, grad), (alone_loss, alone_grad) in zip(client_0_gradients(mates), alone):
-            assert torch.equal(grad, alone_grad) and torch.equal(loss, alone_loss), mates
-
-
 @pytest.mark.parametrize("sizes", [[], UNEQUAL_LENET])
 def test_batchnorm_and_dropout_runs_carry_each_clients_statistics(tmp_path, cifar_lenet, sizes):
     """The same in float32 runs, uploads and partial sums: the server averages the clients' own running
@@ -316,8 +285,7 @@ def test_batched_clients_draw_the_dropout_masks_of_their_sequential_training(tmp
         assert not mask[rows:].any()
         nonzero = inputs != 0
         assert torch.equal(outputs[nonzero] != 0, mask[:rows][nonzero] != 0)
-    # STEM's full local gradient pads each client's chunk to a power of two (bucket_rows), equal sizes or not.
-    assert (padded > 0) == (bool(sizes) or algorithm == "stem")
+    assert (padded > 0) == bool(sizes)
 
 
 @pytest.mark.parametrize("module, reason", [

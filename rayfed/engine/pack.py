@@ -6,10 +6,10 @@ nothing they share in the process (torch's default generator, its thread count) 
 once and a pack's results do not depend on timing. The turns end only at the per-client gradient
 passes of vectorised training (engine.vectorize): a run that reaches one waits there, and when every
 run still going waits, the last to arrive computes all their passes as one: the clients of all the
-packed runs stacked, each computed with the clients whose batches pad to its size
-(ClientBatchTask.per_client_grad). Each run then goes on with its own rows. A client's padded batch is
-fixed by the client alone, so a packed run equals the run alone within engine.vectorize's tolerance,
-and the same pack gives the same bits every time.
+packed runs stacked into one vmap, their minibatches padded to the longest with weight-0 rows, as a
+worker pads its own clients'. Each run then goes on with its own rows. A client's row does not depend
+on which rows share its batch beyond that padding, so a packed run equals the run alone within
+engine.vectorize's tolerance, and the same pack gives the same bits every time.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -32,7 +33,7 @@ def current_member() -> "PackMember | None":
 
 @dataclass
 class _Request:
-    """A per-client gradient pass waiting in the pack: `function([params], *rows)` for `params` (clients, d)
+    """A per-client gradient pass waiting in the pack: `function(params, *rows)` for `params` (clients, d)
     and row tensors (clients, rows, ...)."""
 
     function: Callable
@@ -42,9 +43,10 @@ class _Request:
     error: BaseException | None = None
 
     def key(self) -> tuple:
-        """Requests with equal keys stack into one pass: the same parameter width and row tensors alike."""
+        """Requests with equal keys stack into one pass: the same parameter width and row tensors alike
+        but for their number of rows."""
         return (tuple(self.params.shape[1:]), self.params.dtype,
-                tuple((tuple(t.shape[1:]), t.dtype) for t in self.rows))
+                tuple((tuple(t.shape[2:]), t.dtype) for t in self.rows))
 
 
 class Pack:
@@ -146,23 +148,32 @@ class PackMember:
     index: int
 
     def per_client_pass(self, function: Callable, params: Tensor, *rows: Tensor) -> Any:
-        """`function([params], *rows)`, computed with the other members' passes waiting at the same time: `function`
-        takes the clients' parameters as a list of parts, which a pack's pass gives one per member (gathering
-        them into one tensor would copy every client's parameters once more), and their rows concatenated."""
+        """`function(params, *rows)`, computed with the other members' passes waiting at the same time."""
         return self.pack.compute(self.index, _Request(function, params, rows))
 
 
 def _stacked_pass(requests: list[_Request]) -> None:
-    """One call of the first request's function on all requests' clients; each request's result is its
-    clients' part."""
+    """One call of the first request's function on all requests' clients, rows padded at the end with
+    zeros (weight 0); each request's result is its clients' part."""
     if len(requests) == 1:
         request = requests[0]
-        request.result = request.function([request.params], *request.rows)
+        request.result = request.function(request.params, *request.rows)
         return
-    rows = tuple(torch.cat(parts) for parts in zip(*(request.rows for request in requests)))
-    leaves, spec = tree_flatten(requests[0].function([request.params for request in requests], *rows))
+    longest = [max(request.rows[position].shape[1] for request in requests)
+               for position in range(len(requests[0].rows))]
+    params = torch.cat([request.params for request in requests])
+    rows = tuple(torch.cat([_padded(request.rows[position], length) for request in requests])
+                 for position, length in enumerate(longest))
+    leaves, spec = tree_flatten(requests[0].function(params, *rows))
     counts = [request.params.shape[0] for request in requests]
     parts = [leaf.split(counts) if isinstance(leaf, Tensor) and leaf.dim() else [leaf] * len(requests)
              for leaf in leaves]
     for position, request in enumerate(requests):
         request.result = tree_unflatten([part[position] for part in parts], spec)
+
+
+def _padded(rows: Tensor, length: int) -> Tensor:
+    missing = length - rows.shape[1]
+    if not missing:
+        return rows
+    return F.pad(rows, (0, 0) * (rows.dim() - 2) + (0, missing))

@@ -266,8 +266,8 @@ class ClientBatchTask:
         return self.client_tasks[0].requested_batch_size
 
     def next_batch(self) -> tuple[Tensor, Tensor, Tensor]:
-        """Every client's next minibatch, padded to batch_rows with weight-0 rows: clients whose sample counts
-        leave a shorter batch still train on exactly their own rows (computed as per_client_grad says)."""
+        """Every client's next minibatch, padded to the longest with weight-0 rows: clients whose
+        sample counts leave a shorter last batch of an epoch still train on exactly their own rows."""
         return self._stacked([task.next_rows() for task in self.client_tasks], self.batch_rows)
 
     def draw_batch(self, size: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -302,8 +302,8 @@ class ClientBatchTask:
     def full_loss_and_grad(self, params: Tensor) -> tuple[Tensor, Tensor]:
         """Each client's mean loss and gradient over all its samples, FULL_GRADIENT_CHUNK samples at a time as
         sequential training takes them (BatchNorm's statistics are a chunk's); running statistics are left as
-        they were. Each client's chunk is padded to its bucket_rows (at most FULL_GRADIENT_CHUNK), as per_client_grad
-        computes it, so its bits depend on the client alone."""
+        they were. Chunks are padded to the longest client's, so with clients of different sizes a client's
+        bits depend on its batch-mates here (within float32 reordering)."""
         rows = [task.sample_indices for task in self.client_tasks]
         counts = torch.tensor([len(r) for r in rows], device=params.device, dtype=params.dtype)
         loss_sum = torch.zeros(len(rows), dtype=torch.float64, device=params.device)
@@ -311,8 +311,7 @@ class ClientBatchTask:
         for start in range(0, max(len(r) for r in rows), FULL_GRADIENT_CHUNK):
             chunk = [r[start:start + FULL_GRADIENT_CHUNK] for r in rows]
             present = [i for i, c in enumerate(chunk) if len(c)]
-            longest = int(bucket_rows(torch.tensor([len(chunk[i]) for i in present]), FULL_GRADIENT_CHUNK).max())
-            inputs, targets, weights = self._stacked([chunk[i] for i in present], longest, augment=False)
+            inputs, targets, weights = self._stacked([chunk[i] for i in present], 0, augment=False)
             lengths = _lengths(weights)
             masks = self._draw_masks(inputs[0], lengths, present)
             grads, (losses, _) = self._per_client_grad(params[present], inputs, targets, weights, masks)
@@ -334,68 +333,40 @@ class ClientBatchTask:
         (rayfed.engine.pack), computed together with the other packed runs' clients."""
         member = current_member()
         if member is not None:
-            return member.per_client_pass(self.per_client_grad, params, inputs, targets, weights, *masks)
-        return self.per_client_grad([params], inputs, targets, weights, *masks)
-
-    def per_client_grad(self, params: list[Tensor], inputs: Tensor, targets: Tensor, weights: Tensor,
-                        *masks: Tensor) -> tuple[Tensor, tuple]:
-        """Each client's gradient (clients, d) and (loss, statistics) at its row of `params` (parts of (n, d),
-        the clients in order), from batches of `inputs`'s rows (dim 1) of which `weights` marks each client's own.
-        Each client is computed over its own rows padded to bucket_rows, with the clients padded alike: the
-        arithmetic spent on padding stays within a factor 2 of the samples', and a client's padded batch, and
-        with it its bits, depend on the client alone. Each client's parameters are copied once into its
-        bucket's and its gradient once out of it: at a few samples per client, copies cost as much as the
-        arithmetic."""
-        buckets = bucket_rows(weights.sum(dim=1).long(), inputs.shape[1])
-        grads = params[0].new_empty((len(buckets), params[0].shape[1]))
-        losses = params[0].new_empty(len(buckets))
-        columns = [part.view(len(buckets), *shape) for part, (_, shape, _) in zip(grads.split(self.sizes, dim=1),
-                                                                                   self.shapes)]
-        statistics: list[tuple[Tensor, ...]] = []
-        for rows in buckets.unique().tolist():
-            clients = (buckets == rows).nonzero().flatten()
-            group = [tensor[:, :rows].index_select(0, clients) for tensor in (inputs, targets, weights, *masks)]
-            group_grads, (group_losses, group_statistics) = self._grad_of_bucket(
-                _gathered(params, clients), *group[:3], tuple(group[3:]))
-            for column, grad in zip(columns, group_grads):
-                column.index_copy_(0, clients, grad)
-            losses.index_copy_(0, clients, group_losses)
-            if not statistics:
-                statistics = [tuple(part.new_empty((len(buckets), *part.shape[1:])) for part in pair)
-                              for pair in group_statistics]
-            for pair, group_pair in zip(statistics, group_statistics):
-                for part, group_part in zip(pair, group_pair):
-                    part.index_copy_(0, clients, group_part)
-        return grads, (losses, tuple(statistics))
-
-    def _grad_of_bucket(self, params: Tensor, inputs: Tensor, targets: Tensor, weights: Tensor,
-                        masks: tuple[Tensor, ...]) -> tuple[list[Tensor], tuple]:
-        """_stacked_grad for clients whose batches have the same number of rows."""
+            return member.per_client_pass(self._gradients_of_rows, params, inputs, targets, weights, *masks)
         if params.shape[0] > 1:
-            return self._stacked_grad(params, inputs, targets, weights, masks)
-        # vmap over one client takes other kernels than over several (other bits): a client alone in its bucket
-        # is computed twice, so that its bits do not depend on how the clients were grouped.
+            return self.per_client_grad(params, inputs, targets, weights, masks)
+        # vmap over one client takes other kernels than over several (other bits): a worker left with one
+        # client computes it twice, so that its bits do not depend on how the clients were grouped.
         twice = [torch.cat([tensor, tensor]) for tensor in (params, inputs, targets, weights, *masks)]
         return tree_map(lambda leaf: leaf[:1] if isinstance(leaf, Tensor) and leaf.dim() else leaf,
-                        self._stacked_grad(*twice[:4], tuple(twice[4:])))
+                        self.per_client_grad(*twice[:4], tuple(twice[4:])))
 
-    def _stacked_grad(self, params: Tensor, inputs: Tensor, targets: Tensor, weights: Tensor,
-                      masks: tuple[Tensor, ...]) -> tuple[list[Tensor], tuple]:
-        """Each client's gradient, per parameter tensor (clients, *shape), and (loss, statistics) at its row of
-        `params`, as vmap(grad_and_value(_loss)) gives them: a client's loss depends on its own row alone, so
-        one backward pass of the summed losses gives every client's gradient. The leaves are the parameter
+    def _gradients_of_rows(self, params: Tensor, inputs: Tensor, targets: Tensor, weights: Tensor,
+                           *masks: Tensor) -> tuple[Tensor, tuple]:
+        return self.per_client_grad(params, inputs, targets, weights, masks)
+
+    def per_client_grad(self, params: Tensor, inputs: Tensor, targets: Tensor, weights: Tensor,
+                        masks: tuple[Tensor, ...]) -> tuple[Tensor, tuple]:
+        """Each client's gradient and (loss, statistics) at its row of `params`, as
+        vmap(grad_and_value(_loss)) gives them: a client's loss depends on its own row alone, so one
+        backward pass of the summed losses gives every client's gradient. The leaves are the parameter
         tensors' columns of `params`, shaped as the parameters, not `params`: a slice of one flat leaf would
         backpropagate a zero-filled full-width gradient per parameter tensor."""
         if self.recurrent:
             grads, (losses, statistics) = self.per_client_grad_and_value(params, inputs, targets, weights, masks)
-            return [part.view(-1, *shape) for part, (_, shape, _) in zip(grads.split(self.sizes, dim=1),
-                                                                         self.shapes)], (losses.detach(), statistics)
+            return grads, (losses.detach(), statistics)
         leaves = [part.detach().view(-1, *shape).requires_grad_()
                   for part, (_, shape, _) in zip(params.split(self.sizes, dim=1), self.shapes)]
         with torch.enable_grad():
             losses, statistics = self.per_client_losses(leaves, inputs, targets, weights, masks)
             grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True, materialize_grads=True)
-        return list(grads), (losses.detach(), statistics)
+        out = torch.empty_like(params)
+        # Copied straight into their columns: a layer's gradient may come out transposed, which a reshape
+        # before torch.cat would copy once more.
+        for part, (_, shape, _), grad in zip(out.split(self.sizes, dim=1), self.shapes, grads):
+            part.view(-1, *shape).copy_(grad)
+        return out, (losses.detach(), statistics)
 
     def _flat_loss(self, flat: Tensor, inputs: Tensor, targets: Tensor, weights: Tensor,
                    masks: tuple[Tensor, ...]) -> tuple[Tensor, tuple]:
@@ -413,21 +384,21 @@ class ClientBatchTask:
                                 loss_fn: OutputLoss) -> tuple[Tensor, Tensor]:
         """Each client's `loss_fn` and its gradient at its row of `params` (ClientTask.objective_loss_and_grad),
         its frozen passes (forward_at) at its own rows. A loss that takes per-row `weights` gets its client's and
-        runs over the client's rows padded to bucket_rows, with the clients padded alike (as per_client_grad); one
-        that does not reduces over every row it is given, so it runs with the clients whose batches hold as many
-        rows, without their padding."""
+        runs for all clients at once; one that does not reduces over every row it is given, so it runs once per
+        group of clients whose batches hold the same number of rows, without their padding."""
         inputs, targets, weights = batch
-        weighted = takes_row_weights(loss_fn)
-        lengths = weights.sum(dim=1).long()
-        sizes = bucket_rows(lengths, inputs.shape[1]) if weighted else lengths
         clients = torch.arange(len(self.client_tasks), device=params.device)
-        if bool((sizes == inputs.shape[1]).all()):
-            return self._objective_pass(params, batch, clients, loss_fn, weighted)
+        if takes_row_weights(loss_fn):
+            return self._objective_pass(params, batch, clients, loss_fn, True)
+        lengths = weights.sum(dim=1).long()
+        if bool((lengths == inputs.shape[1]).all()):
+            return self._objective_pass(params, batch, clients, loss_fn, False)
         losses, grads = torch.empty(len(clients), dtype=params.dtype, device=params.device), torch.empty_like(params)
-        for rows in sizes.unique().tolist():
-            group = clients[sizes == rows]
+        for length in lengths.unique().tolist():
+            group = clients[lengths == length]
             losses[group], grads[group] = self._objective_pass(
-                params, tuple(part[:, :rows].index_select(0, group) for part in batch), group, loss_fn, weighted)
+                params, (inputs[group, :length], targets[group, :length], weights[group, :length]), group, loss_fn,
+                False)
         return losses, grads
 
     def forward_at(self, params: Tensor, buffers: Tensor, train: bool = False) -> ModelForward:
@@ -451,18 +422,12 @@ class ClientBatchTask:
 
     def _objective_pass(self, params: Tensor, batch: tuple[Tensor, Tensor, Tensor], clients: Tensor,
                         loss_fn: OutputLoss, weighted: bool) -> tuple[Tensor, Tensor]:
-        """objective_loss_and_grad for `clients` (indices into the stack), whose batches `batch` are; a client
-        alone is computed twice, as _grad_of_bucket says why."""
+        """objective_loss_and_grad for `clients` (indices into the stack), whose batches `batch` are."""
         rows = params if len(clients) == len(self.client_tasks) else params[clients]
         layout = self._objective_layout(loss_fn, rows, batch, weighted)
         masks = self._masks(layout.dropouts, batch[0].shape[1], _lengths(batch[2]), clients.tolist())
-        arguments = (rows, *batch, masks, clients)
-        if len(clients) == 1:
-            arguments = tree_map(lambda leaf: torch.cat([leaf, leaf]), arguments)
         per_client = vmap(grad_and_value(partial(self._objective_loss, loss_fn, weighted), has_aux=True))
-        grads, (losses, statistics) = per_client(*arguments)
-        if len(clients) == 1:
-            grads, losses, statistics = tree_map(lambda leaf: leaf[:1], (grads, losses, statistics))
+        grads, (losses, statistics) = per_client(rows, *batch, masks, clients)
         if params is self.resident and layout.norms:
             buffers = self.stacked_buffers if rows is params else self.stacked_buffers[clients]
             self.batched.track(buffers, statistics, layout)
@@ -560,24 +525,6 @@ class ClientBatchTask:
             self.dropout_states[client] = self.generator.get_state()
         self.generator.set_state(saved)
         return tuple(torch.stack(masks) for masks in per_call)
-
-
-def bucket_rows(lengths: Tensor, rows: int) -> Tensor:
-    """The rows each client's batch is computed over, from its real rows `lengths`: the next power of two, at
-    most `rows` (the stacked batch's)."""
-    powers = torch.ones_like(lengths) << torch.ceil(torch.log2(lengths.clamp(min=1).double())).long()
-    return powers.clamp(max=rows)
-
-
-def _gathered(parts: list[Tensor], clients: Tensor) -> Tensor:
-    """The rows `clients` (indices into the parts' rows in order) of the concatenated `parts`, copied once."""
-    gathered = parts[0].new_empty((len(clients), parts[0].shape[1]))
-    start, filled = 0, 0
-    for part in parts:
-        own = clients[(clients >= start) & (clients < start + len(part))] - start
-        torch.index_select(part, 0, own, out=gathered[filled:filled + len(own)])
-        start, filled = start + len(part), filled + len(own)
-    return gathered
 
 
 def _padded_rows(rows: list[Tensor], length: int) -> Tensor:
