@@ -84,27 +84,35 @@ def stacked_combine64(base: Tensor, weights: Tensor, rows: Sequence[Tensor], blo
     """(B, d): base + sum_j weights[:, t, j] rows[j] on each block t of coordinates where use[:, t],
     computed in float64 and returned in base's dtype, and base itself on the other blocks; base (B, d),
     weights (B, blocks, r) float64, rows r tensors (B, d), use (B, blocks) bool. Also (B, blocks) bool:
-    whether each block came out finite (a cast back to base's dtype can overflow), checked chunk by
-    chunk while in cache. The sum runs over the rows in order, element by element, so a stack's bits
-    do not depend on the others."""
+    whether each block came out finite (a cast back to base's dtype can overflow). The sum runs over the
+    rows in order, element by element, so a stack's bits do not depend on the others. Chunks of columns
+    span blocks and each row is cast once per chunk: chunks per block would cost small blocks (biases)
+    several operations each."""
     out = torch.empty_like(base)
     finite = torch.ones_like(use)
-    chunk = _chunk(len(rows) + 1)
-    # One stack at a time, so that a chunk's float64 temporaries stay in cache.
+    dim = base.shape[-1]
+    chunk = TEMPORARY_ELEMENTS // 2
+    cast = torch.empty(min(chunk, dim), dtype=torch.float64, device=base.device)
     for stack in range(base.shape[0]):
+        used = torch.cat([flag.expand(stop - start) for flag, (start, stop) in zip(use[stack].unbind(), blocks)])
+        block_weights = [block.unbind() for block in weights[stack].unbind()]
+        for low in range(0, dim, chunk):
+            high = min(low + chunk, dim)
+            # A copy even in float64, where .double() would be base itself and addcmul_ would write into it.
+            combined = base[stack, low:high].to(torch.float64, copy=True)
+            overlapping = [(index, max(start, low) - low, min(stop, high) - low)
+                           for index, (start, stop) in enumerate(blocks) if start < high and stop > low]
+            for position, row in enumerate(rows):
+                cast[:high - low].copy_(row[stack, low:high])
+                for index, start, stop in overlapping:
+                    combined[start:stop].addcmul_(block_weights[index][position], cast[start:stop])
+            # Blocks not corrected keep base, also where a row is not finite (0 * inf is nan).
+            torch.where(used[low:high], combined.to(base.dtype), base[stack, low:high], out=out[stack, low:high])
         for index, (start, stop) in enumerate(blocks):
-            for low in range(start, stop, chunk):
-                high = min(low + chunk, stop)
-                # A copy even in float64, where .double() would be base itself and addcmul_ would write into it.
-                combined = base[stack, low:high].to(torch.float64, copy=True)
-                for row, weight in zip(rows, weights[stack, index]):
-                    combined.addcmul_(weight, row[stack, low:high])
-                part = out[stack, low:high]
-                torch.where(dense_condition(use[stack, index], part), combined.to(base.dtype), base[stack, low:high],
-                            out=part)
-                # The largest magnitude is not finite where any entry is not (amax propagates nan): one
-                # reduction, where isfinite() takes several passes.
-                finite[stack, index] &= part.abs().amax().isfinite()
+            # The largest magnitude is not finite where any entry is not (amax propagates nan): one
+            # reduction, where isfinite() takes several passes.
+            if stop > start:
+                finite[stack, index] = out[stack, start:stop].abs().amax().isfinite()
     return out, finite
 
 
