@@ -16,11 +16,14 @@ import torch
 from rayfed.algorithms.base import RoundInfo, Upload
 from rayfed.algorithms.memory import GradientMemory
 from rayfed.algorithms.base import AlgorithmContext, build_algorithm
+from rayfed.algorithms.local_training import TrainingTask
 from rayfed.config import algorithm_section
 from rayfed.engine.worker import ClientTask
 from rayfed.models import FlatModel, build_model
 
 NUM_CLIENTS, SAMPLED, MEMORY = 1000, 10, 100
+# I = 5 local steps of B = 64, the paper's MNIST setting.
+LOCAL_STEPS = 5
 
 
 class NaiveGramMemory(GradientMemory):
@@ -61,7 +64,7 @@ def server_step_times(dim, repeats):
         def step():
             nonlocal state, round
             sampled = tuple(range((round * SAMPLED) % NUM_CLIENTS, (round * SAMPLED) % NUM_CLIENTS + SAMPLED))
-            uploads = {c: Upload({"update": torch.randn(dim, generator=generator)}, 1) for c in sampled}
+            uploads = {c: Upload({"model_change": torch.randn(dim, generator=generator)}, 1) for c in sampled}
             state, _ = algorithm.server_step(state, uploads, RoundInfo(round, sampled, NUM_CLIENTS))
             round += 1
 
@@ -81,7 +84,7 @@ def local_training_times(model_name, input_shape, repeats):
                              ("gradma_w", make_algorithm("gradma_w", blocks=model.blocks))):
         def train():
             task = ClientTask(model, inputs, targets, torch.arange(640), 64, torch.Generator().manual_seed(1))
-            algorithm.client_train(task, {"params": start}, None)
+            algorithm.client_train(TrainingTask(task, LOCAL_STEPS), {"params": start}, None)
         results[label] = median_seconds(train, repeats)
     return model.num_params, results
 
