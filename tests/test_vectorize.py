@@ -17,7 +17,7 @@ from rayfed.engine.worker import ClientTask, assign_to_workers
 from rayfed.models import FlatModel, build_model
 from rayfed.models.zoo import lenet5
 from rayfed.seeding import Purpose, seed_global_torch, torch_generator
-from tests.test_engine_equivalence import ON_RAY, assert_same_run, run
+from tests.test_engine_equivalence import assert_same_run, run
 
 # 50-64 samples per client, batches of 32: the second step's batches differ in size between
 # clients, so the padding of the batched minibatches is exercised.
@@ -70,13 +70,6 @@ def test_vectorized_clients_with_states_or_compressed_uploads_match_sequential_t
 # Batches of 48: the clients hold 45 to 57 samples, so some train on minibatches shorter than the batch size
 # throughout and others' second minibatch has 2 to 12 rows.
 BATCHNORM_MLP = SMALL + ["model.name=mlp", "model.hidden_sizes=[16]", "train.batch_size=48", "train.rounds=2"]
-
-
-def test_vectorized_ray_workers_match_the_local_engine(tmp_path, ray_cluster):
-    local = run(tmp_path, SMALL + ["engine.vectorize=true"], "local")
-    ray_run = run(tmp_path, [*SMALL, *ON_RAY, "engine.num_workers=2", "engine.vectorize=true"], "ray")
-    assert ray_run.summary["vectorized"]
-    torch.testing.assert_close(ray_run.params, local.params, rtol=RTOL, atol=ATOL)
 
 
 def test_batchnorm_clients_of_different_sizes_match_sequential_training(tmp_path):

@@ -65,13 +65,14 @@ def test_vectorized_stateful_clients_match_sequential_training(tmp_path, overrid
 @pytest.mark.parametrize("algorithm", ["fedavg", "mifa", "moon"])
 def test_vectorized_runs_are_bitwise_the_same_for_any_number_of_workers(tmp_path, ray_cluster, algorithm):
     """A client's state and its row of the batched computation do not depend on which clients share its
-    batch: a BatchNorm MLP on clients of different sizes (padded minibatches) with 1, 2 and 3 workers."""
-    overrides = RETURNING + [f"algorithm.name={algorithm}", "engine.vectorize=true", *ON_RAY, "model.name=mlp",
+    batch: a BatchNorm MLP on clients of different sizes (padded minibatches), on the local engine (one
+    worker) and with 2 and 3 Ray workers."""
+    overrides = RETURNING + [f"algorithm.name={algorithm}", "engine.vectorize=true", "model.name=mlp",
                              "model.hidden_sizes=[16]", "train.batch_size=48"]
-    reference = run(tmp_path, overrides + ["engine.num_workers=1"], "one")
+    reference = run(tmp_path, overrides, "local")
     assert reference.summary["vectorized"]
     for workers in (2, 3):
-        assert_same_run(reference, run(tmp_path, overrides + [f"engine.num_workers={workers}"], f"w{workers}"))
+        assert_same_run(reference, run(tmp_path, overrides + [*ON_RAY, f"engine.num_workers={workers}"], f"w{workers}"))
 
 
 @pytest.mark.slow
