@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
-from torch.nn.utils.rnn import pad_sequence
 from torch.utils._pytree import tree_map
 
 from rayfed.algorithms.base import Algorithm
@@ -276,7 +275,7 @@ class ClientBatchTask:
     def _stacked(self, rows: list[Tensor], length: int, augment: bool = True) -> tuple[Tensor, Tensor, Tensor]:
         """The clients' `rows` padded to `length` rows (or the longest, if longer) with weight-0 rows."""
         length = max(length, *(r.shape[0] for r in rows))
-        padded = _padded_rows(rows, length)       # padding: row 0 of the dataset, weighted 0
+        padded = _padded_rows(rows, length)
         lengths = torch.tensor([r.shape[0] for r in rows], device=padded.device)
         weights = torch.arange(padded.shape[1], device=padded.device) < lengths[:, None]
         task = self.client_tasks[0]
@@ -528,10 +527,11 @@ class ClientBatchTask:
 
 
 def _padded_rows(rows: list[Tensor], length: int) -> Tensor:
-    """`rows` (each (n_i, ...)) stacked, each padded with zeros to `length`."""
-    stacked = pad_sequence(rows, batch_first=True)
-    missing = length - stacked.shape[1]
-    return stacked if not missing else F.pad(stacked, (0, 0) * (stacked.dim() - 2) + (0, missing))
+    """`rows` (each (n_i, ...), n_i >= 1) stacked, each padded to `length` with copies of its own first row. The
+    padding rows weigh 0, but their activations are computed: normalised with the client's BatchNorm statistics,
+    another sample's could grow without bound (a client of 2 samples, layer after layer) until a loss's gradient
+    is infinite there and 0 * inf a NaN; a copy of the client's own sample stays where its samples are."""
+    return torch.stack([torch.cat([own, own[:1].expand(length - len(own), *own.shape[1:])]) for own in rows])
 
 
 def _lengths(weights: Tensor) -> list[int]:
