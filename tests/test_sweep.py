@@ -17,6 +17,7 @@ from rayfed.errors import RunStopped
 from rayfed.provenance import DECIDING
 from rayfed.preflight import load_config
 from rayfed.metrics import WALL_CLOCK_KEYS
+from rayfed.sweep import plan
 from rayfed.sweep.grid import varied_keys
 from rayfed.sweep.resources import trial_bundles
 from rayfed.sweep.runner import TrialTimes, trial_resources
@@ -396,6 +397,19 @@ def test_plan_lists_the_trials_by_what_differs_and_estimates_from_a_calibration(
     assert abs(int(estimate[1]) - sum(per_group * 7 * float(row[3]) for row in rows)) <= 0.5 + 2 * 4 * 7 * 0.0005
     # Nothing is left behind: neither the sweep directory nor the calibration's runs.
     assert sorted(path.name for path in in_tmp.iterdir()) == ["s.yaml"]
+
+
+def test_a_packs_calibrated_round_is_at_least_its_wall_time_over_its_rounds(in_tmp, capsys, monkeypatch):
+    """Members whose passes are not pooled (a local objective's) run one after another: a pack's round then lasts
+    its wall time, less the members' start-ups, over the rounds, not one member's round (a clock that moves 100 s
+    per pack here)."""
+    clock = iter(range(0, 1000, 100))
+    monkeypatch.setattr(plan, "perf_counter", lambda: float(next(clock)))
+    write_sweep(in_tmp / "s.yaml", {"algorithm.lr_local": [0.01, 0.1], "seed": [0, 1]})
+    assert main(["sweep", "s.yaml", "train.rounds=7", "engine.vectorize=true", "--plan", "--out", "out"]) == 0
+    row = capsys.readouterr().out.splitlines()[6].split()
+    round_s, startup_s = float(row[3]), float(row[4]) - plan.TUNE_PER_TRIAL_S
+    assert row[5] == "1x4" and round_s == pytest.approx((100 - 4 * startup_s) / 3, abs=0.01)
 
 
 @pytest.mark.parametrize("arguments, expected", [

@@ -18,6 +18,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from time import perf_counter
 
 import rayfed
 from rayfed.engine.pack import Pack
@@ -63,23 +64,30 @@ def groups(sweep: Sweep) -> list[Group]:
 
 
 def calibrate(trials: list[Trial], base: Path) -> Calibration | None:
-    """A few rounds of `trials` as one pack (or of the first trial, alone), timed by the first of them that does
-    not diverge in them; None if all do. In a pack the runs take turns, so each run's round lasts the pack's."""
+    """A few rounds of `trials` as one pack (or of the first trial, alone); None if all diverge in them. A run's
+    rounds (the median, past the first) last the pack's where the runs take turns at pooled passes; where they do
+    not (a local objective's passes are each run's own), the runs go one after another, so a pack's round is also
+    at least its wall time, less the runs' start-ups, over the rounds."""
     rounds = min(CALIBRATION_ROUNDS, trials[0].config.train.rounds)
     configs = [load_config(base, [*trial.overrides, f"train.rounds={rounds}"]) for trial in trials]
     with tempfile.TemporaryDirectory() as scratch:
         jobs = [lambda config=config, index=index: rayfed.run(config, run_dir=Path(scratch) / f"run{index}",
                                                               progress=False) for index, config in enumerate(configs)]
+        started = perf_counter()
         outcomes = Pack().run(jobs) if len(jobs) > 1 else _alone(jobs[0])
-    for trial, result in zip(trials, outcomes):
-        if isinstance(result, RunStopped):
-            continue
-        if isinstance(result, BaseException):
-            raise result
-        walls = [record["wall_time_s"] for record in result.history]
-        per_round = [later - earlier for earlier, later in zip(walls, walls[1:])] or walls
-        return Calibration(trial, len(trials), rounds, statistics.median(per_round), result.summary["startup_time_s"])
-    return None
+        elapsed = perf_counter() - started
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException) and not isinstance(outcome, RunStopped):
+            raise outcome
+    finished = [(trial, result) for trial, result in zip(trials, outcomes) if not isinstance(result, RunStopped)]
+    if not finished:
+        return None
+    trial, result = finished[0]
+    walls = [record["wall_time_s"] for record in result.history]
+    per_round = [later - earlier for earlier, later in zip(walls, walls[1:])] or walls
+    startup_s = result.summary["startup_time_s"]
+    pack_round_s = max(0.0, elapsed - startup_s * len(trials)) / rounds
+    return Calibration(trial, len(trials), rounds, max(statistics.median(per_round), pack_round_s), startup_s)
 
 
 def _alone(job) -> list:
