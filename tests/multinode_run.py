@@ -60,12 +60,14 @@ class RemoveNode(rayfed.Callback):
     def __init__(self, cluster: Cluster, round: int, earlier: set[str]):
         self.cluster, self.round, self.earlier = cluster, round, earlier
         self.removed: str | None = None
+        # The node of each live worker just before the removal: where the run placed them.
+        self.placed: list[str] = []
 
     def on_checkpoint(self, run, rounds_completed):
         if rounds_completed != self.round or self.removed is not None:
             return
-        busy = {actor["node"] for actor in worker_actors(self.earlier) if actor["state"] == "ALIVE"}
-        node = next(node for node in self.cluster.worker_nodes if node.node_id in busy)
+        self.placed = [actor["node"] for actor in worker_actors(self.earlier) if actor["state"] == "ALIVE"]
+        node = next(node for node in self.cluster.worker_nodes if node.node_id in self.placed)
         self.removed = node.node_id
         self.cluster.remove_node(node)
 
@@ -136,7 +138,8 @@ def run_scenario(cluster: Cluster, head_cpus: int, scenario: dict, out: Path, lo
                    if actor["ActorClassName"] == "RayServer" and actor["ActorID"] not in earlier]
         (out / "cluster.json").write_text(json.dumps({
             "nodes": nodes, "workers": worker_actors(earlier), "before_resume": before_resume, "servers": servers,
-            "removed": callbacks[0].removed if callbacks else None, "stopped": stopped}))
+            "removed": callbacks[0].removed if callbacks else None,
+            "placed": callbacks[0].placed if callbacks else None, "stopped": stopped}))
     finally:
         rayfed.engine.ray.REVIVE_TIMEOUT_S = revive_timeout_s
         for node in added:

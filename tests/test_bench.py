@@ -14,6 +14,7 @@ from rayfed.bench.runner import ENGINES, format_table, measure_engine
 from rayfed.bench.study import ROW_KEYS
 from rayfed.bench.workloads import workload_config
 from rayfed.cli import main
+from tests.test_engine_equivalence import ON_RAY
 
 SMALL = ["data.num_clients=40", "train.clients_per_round=6"]
 
@@ -27,7 +28,7 @@ def plain_params(config):
 
 
 @pytest.mark.parametrize("workload, engine", [("tiny", ["engine.backend=local"]),
-                                              ("tiny", ["engine.backend=ray", "engine.num_workers=2"]),
+                                              ("tiny", [*ON_RAY, "engine.num_workers=2"]),
                                               # BatchNorm statistics and dropout streams
                                               ("lenet", ["engine.backend=local", "train.local_steps=2"])])
 def test_plain_loop_trains_bitwise_the_model_rayfed_trains(tmp_path, ray_cluster, workload, engine, cifar_lenet):

@@ -12,7 +12,7 @@ import rayfed
 from rayfed.cli import main
 from rayfed.errors import ConfigError, RunStopped
 from rayfed.models import build_model
-from tests.test_engine_equivalence import SYNTHETIC_MLP, assert_same_run
+from tests.test_engine_equivalence import ON_RAY, SYNTHETIC_MLP, assert_same_run
 
 LOCAL = SYNTHETIC_MLP + ["engine.backend=local"]
 EXAMPLE = Path(__file__).parents[1] / "examples" / "callbacks" / "my_callbacks.py"
@@ -275,8 +275,8 @@ def test_plateau_callback_named_in_the_config_on_the_ray_engine(tmp_path, ray_cl
     plateau with the bits of the same rounds on the local engine."""
     overrides = [*SYNTHETIC_MLP, "train.rounds=40", "train.eval_every=1", f"plugins=[{EXAMPLE}]",
                  "logging.callbacks=[{name: stop_on_plateau, patience: 2}]"]
-    for backend in ("ray", "local"):
-        assert main(["run", *overrides, f"engine.backend={backend}", "--out", str(tmp_path / backend), "--quiet"]) == 0
+    for backend, engine in (("ray", ON_RAY), ("local", ["engine.backend=local"])):
+        assert main(["run", *overrides, *engine, "--out", str(tmp_path / backend), "--quiet"]) == 0
     ray_run, local_run = lines(tmp_path / "ray"), lines(tmp_path / "local")
     assert len(ray_run) < 40
     drop = ("wall_time_s", "phase_s")

@@ -12,6 +12,7 @@ import rayfed
 from rayfed.api import load_data
 from rayfed.data import femnist, femnist_lazy
 from rayfed.errors import ConfigError
+from tests.test_engine_equivalence import ON_RAY
 from tests.test_femnist import WRITERS, write_femnist
 
 RUN = ["data.num_clients=3", "train.clients_per_round=2", "train.rounds=3", "model.hidden_sizes=[16]",
@@ -30,10 +31,10 @@ def conversions(root):
 def test_runs_are_femnists_bits_on_both_engines(tmp_path, ray_cluster):
     root = write_femnist(tmp_path)
     eager = rayfed.run(config(root, "femnist", "engine.backend=local"), run_dir=tmp_path / "eager", progress=False)
-    for backend in ("engine.backend=local", "engine.backend=ray"):
-        lazy = rayfed.run(config(root, "femnist_lazy", backend, "engine.num_workers=2"),
-                          run_dir=tmp_path / backend[-5:], progress=False)
-        assert torch.equal(lazy.params, eager.params), backend
+    for name, engine in (("local", ["engine.backend=local"]), ("ray", ON_RAY)):
+        lazy = rayfed.run(config(root, "femnist_lazy", *engine, "engine.num_workers=2"), run_dir=tmp_path / name,
+                          progress=False)
+        assert torch.equal(lazy.params, eager.params), name
         assert [m["test_accuracy"] for m in lazy.history if "test_accuracy" in m] == \
             [m["test_accuracy"] for m in eager.history if "test_accuracy" in m]
 

@@ -34,9 +34,6 @@ def scenarios(folder):
     """Each test's cluster run, by the test's name: its overrides and its cluster (see tests/multinode_run.py)."""
     plugin = folder / "my_plugins.py"
     return {
-        "test_two_nodes_spread_workers_and_give_the_local_bits": dict(
-            overrides=SYNTHETIC_MLP, ray_overrides=["engine.num_workers=2", "engine.placement=spread"],
-            head_cpus=2, node_cpus=[2]),
         "test_three_nodes_run_a_file_plugin_that_exists_only_where_the_driver_loaded_it": dict(
             overrides=[f"plugins=[{plugin}]" if entry.startswith("plugins=") else entry for entry in PLUGIN_RUN],
             ray_overrides=["engine.num_workers=3", "engine.placement=spread"], head_cpus=1, node_cpus=[1, 1],
@@ -90,15 +87,6 @@ def assert_same_bits(local, ray):
     assert without_wall_clock(local["history"]) == without_wall_clock(ray["history"])
 
 
-def test_two_nodes_spread_workers_and_give_the_local_bits(cluster_runs, request):
-    """Two CPUs a node: Ray's SPREAD strategy, not a full node, sends the second worker to the other node,
-    which reads the data from its own object store."""
-    local, ray, cluster, _, _ = run_on_cluster(cluster_runs, request)
-    assert sorted(worker["node"] for worker in cluster["workers"]) == sorted(cluster["nodes"])
-    assert cluster["servers"] == [cluster["nodes"][0]]      # on the driver's node
-    assert_same_bits(local, ray)
-
-
 def test_three_nodes_run_a_file_plugin_that_exists_only_where_the_driver_loaded_it(cluster_runs, request):
     """The plugin's algorithm and model train on every node; its file is deleted once the driver has
     loaded it, so the workers can only have it from the driver, by value."""
@@ -110,13 +98,16 @@ def test_three_nodes_run_a_file_plugin_that_exists_only_where_the_driver_loaded_
 
 
 def test_a_node_removed_mid_run_is_replayed_from_the_checkpoint_to_the_uninterrupted_bits(cluster_runs, request):
-    """engine.worker_loss=replay: the round in which the node's worker died runs again from the
-    checkpoint of round 2, with the worker restarted on the head's spare CPU."""
+    """Two nodes: until the removal, Ray's SPREAD strategy, not a full node (the head had room for both), had sent
+    the second worker to the other node, which read the data from its own object store. engine.worker_loss=replay:
+    the round in which the node's worker died runs again from the checkpoint of round 2, with the worker restarted
+    on the head's spare CPU."""
     local, ray, cluster, stderr, _ = run_on_cluster(cluster_runs, request)
+    assert sorted(cluster["placed"]) == sorted(cluster["nodes"])
     assert_node_gone_and_worker_revived(cluster)
     assert re.search(r"^rayfed: worker [01] died in round 3; went back to the checkpoint of round 2 and running the "
                      r"rounds since again \(engine.worker_loss=replay\)$", stderr, re.MULTILINE), stderr[-3000:]
-    # a fresh server on the driver's node, from the checkpoint
+    # on the driver's node, and a fresh one there from the checkpoint
     assert cluster["servers"] == [cluster["nodes"][0]] * 2
     assert_same_bits(local, ray)
 

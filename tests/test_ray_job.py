@@ -28,7 +28,7 @@ def ray_head(tmp_path):
     command = ["ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={free_port()}",
                "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
                f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-               "--num-cpus=3", "--disable-usage-stats"]
+               "--num-cpus=1", "--disable-usage-stats"]
     head = subprocess.Popen(command, env=env, start_new_session=True, stdout=open(tmp_path / "head.log", "w"),
                             stderr=subprocess.STDOUT)
     address = f"http://127.0.0.1:{dashboard_port}"
@@ -58,7 +58,7 @@ def test_job_submit_runs_rayfed_on_the_cluster(ray_head, tmp_path):
     out = tmp_path / "run"
     completed = subprocess.run(
         ["ray", "job", "submit", "--address", address, "--working-dir", str(working_dir), "--",
-         "rayfed", "run", "tiny.yaml", "engine.num_workers=3", "--out", str(out), "--quiet"],
+         "rayfed", "run", "tiny.yaml", "engine.num_workers=1", "--out", str(out), "--quiet"],
         env=env, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     assert "succeeded" in completed.stdout + completed.stderr
