@@ -265,7 +265,7 @@ class ClientBatchTask:
         return self.client_tasks[0].requested_batch_size
 
     def next_batch(self) -> tuple[Tensor, Tensor, Tensor]:
-        """Every client's next minibatch, padded to the longest with weight-0 rows: clients whose
+        """Every client's next minibatch, padded to batch_rows with weight-0 rows: clients whose
         sample counts leave a shorter last batch of an epoch still train on exactly their own rows."""
         return self._stacked([task.next_rows() for task in self.client_tasks], self.batch_rows)
 
