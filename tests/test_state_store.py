@@ -44,7 +44,9 @@ class ShardFiles(Callback):
 
     def on_round_end(self, run, record):
         shards = sorted((run.run_dir / "checkpoint.d").glob("*/*"))
-        self.seen.append((sorted(os.listdir(self.state_dir)), [path.name for path in shards]))
+        # The directory comes with the first shard a worker writes.
+        files = sorted(os.listdir(self.state_dir)) if self.state_dir.is_dir() else []
+        self.seen.append((files, [path.name for path in shards]))
 
 
 def run(tmp_path, overrides, name, callbacks=()):
@@ -347,8 +349,9 @@ def test_on_ray_each_worker_spills_one_shard_restored_after_its_restart_with_the
     assert_same_run(in_memory, spilled)
     assert spilled.history[3]["client_states_after_restart"] == "restored from the checkpoint of round 2"
     shards = ["shard-0-of-2.bin", "shard-1-of-2.bin"]
-    # A worker makes its shard with its first commit, which overlaps the server's step: at the end of round 1 it may
-    # still be running. From round 2 on the last round's has run, since a worker commits before it trains again.
+    # A worker makes its shard (the first one, the directory too) with its first commit, which overlaps the server's
+    # step: at the end of round 1 it may still be running. From round 2 on the last round's has run, since a worker
+    # commits before it trains again.
     assert set(files.seen[0][0]) <= set(shards) and files.seen[0][1] == []
     assert files.seen[1:] == [(shards, [])] + [(shards, shards)] * 3
     assert spilled.summary["client_state_bytes"] == in_memory.summary["client_state_bytes"] > 0
