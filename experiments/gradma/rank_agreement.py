@@ -1,0 +1,139 @@
+"""Rank agreement between the rankings measured here and GradMA's tables (Luo et al., CVPR 2023,
+arXiv:2302.14307, Sec. 6.2, Table 1: top test accuracy, Table 2: rounds to a target accuracy), over the
+methods both have: Kendall's tau (scipy.stats.kendalltau, tau-b: ties allowed) and Spearman's rho
+(scipy.stats.spearmanr), each with its two-sided p-value; GradMA's and GradMA-S's rank in each column; and the
+paper's W / S / B groups (Sec. 6.1) by their median. Reads the committed tables, runs nothing:
+
+    python experiments/gradma/rank_agreement.py      # writes experiments/gradma/rank_agreement.md
+
+Inputs: mnist5k/results/table_omega{0.01,0.1}.md (the study's selected settings with the paper's MNIST / MLP,
+S = 10 numbers beside them, written by mnist5k/make_tables.py, which runs this script after them) and
+digits_results/per_seed.md (digits_per_seed.py).
+"""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from scipy.stats import kendalltau, spearmanr
+
+HERE = Path(__file__).parent
+NAMES = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedmlb": "FedMLB", "moon": "MOON", "scaffold": "Scaffold",
+         "gradma_w": "GradMA-W", "fedavgm": "FedAvgM", "mifa": "MIFA", "mifam": "MIFAM", "gradma_s": "GradMA-S",
+         "fedproxm": "FedProxM", "fedmlbm": "FedMLBM", "moonm": "MOONM", "feddyn": "FedDyn", "mimelite": "MimeLite",
+         "gradma": "GradMA"}
+# The W -> B pairs of Table 1: a worker-side method and the same with FedAvgM's server momentum.
+PAIRS = (("FedAvg", "FedAvgM"), ("FedProx", "FedProxM"), ("FedMLB", "FedMLBM"), ("MOON", "MOONM"))
+# synthetic_table.py's output as README.md records it (seeds 0-2, top accuracy %, rounds to 75%): six methods.
+SYNTHETIC = {"FedAvg": (83.08, 51), "FedAvgM": (83.79, 29), "MIFA": (83.01, 61), "GradMA-W": (82.14, 98),
+             "GradMA-S": (83.45, 25), "GradMA": (83.29, 52)}
+
+
+def cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def table(path: Path) -> list[dict]:
+    """The markdown table's rows as {header: cell}."""
+    lines = [line for line in path.read_text().splitlines() if line.startswith("|")]
+    header = cells(lines[0])
+    return [dict(zip(header, cells(line))) for line in lines[2:]]
+
+
+def number(cell: str) -> float | None:
+    """'56.93 ± 1.85' -> 56.93, '493' -> 493, '—' / 'never' -> None."""
+    head = cell.split("±")[0].split("(")[0].replace(",", "").strip()
+    try:
+        return float(head)
+    except ValueError:
+        return None
+
+
+def agreement(ours: dict[str, float | None], paper: dict[str, float | None]) -> tuple[int, float, float, float, float]:
+    both = [name for name in ours if ours[name] is not None and paper.get(name) is not None]
+    x, y = [ours[name] for name in both], [paper[name] for name in both]
+    tau, p_tau = kendalltau(x, y)
+    rho, p_rho = spearmanr(x, y)
+    return len(both), float(tau), float(p_tau), float(rho), float(p_rho)
+
+
+def rank(values: dict[str, float | None], name: str, best_high: bool) -> str:
+    """1-based rank of `name` (ties share the better rank) among the methods with a value."""
+    known = {key: value for key, value in values.items() if value is not None}
+    if values.get(name) is None:
+        return "—"
+    better = sum(1 for value in known.values() if (value > values[name] if best_high else value < values[name]))
+    return f"{better + 1} of {len(known)}"
+
+
+def row(label: str, ours: dict, paper: dict) -> str:
+    n, tau, p_tau, rho, p_rho = agreement(ours, paper)
+    return f"| {label} | {n} | {tau:+.2f} | {p_tau:.2f} | {rho:+.2f} | {p_rho:.2f} |"
+
+
+def main() -> None:
+    out = ["# Rank agreement with GradMA's Table 1 and Table 2 (arXiv:2302.14307)", "",
+           f"Written by `{Path(__file__).name}` from the committed tables. tau: Kendall's tau-b, rho: Spearman's "
+           "rho, p: two-sided p-values (scipy.stats); n: the methods with a value on both sides. Rounds: lower is "
+           "better on both sides, so a positive coefficient is agreement in either table.", "",
+           "| comparison | n | tau | p (tau) | rho | p (rho) |", "|---|---|---|---|---|---|"]
+    ranks, groups, pairs = [], [], []
+    mnist = {}
+    for omega, target, paper_target in (("0.01", "45%", "45%"), ("0.1", "85%", "95%")):
+        rows = table(HERE / "mnist5k" / "results" / f"table_omega{omega}.md")
+        top = {r["method"]: number(r["top accuracy (%)"]) for r in rows}
+        paper_top = {r["method"]: number(r["paper: top accuracy (%)"]) for r in rows}
+        rounds = {r["method"]: number(r[f"rounds to {target}"]) for r in rows}
+        paper_rounds = {r["method"]: number(r[f"paper: rounds to {paper_target}"]) for r in rows}
+        mnist[omega] = paper_top, paper_rounds
+        out.append(row(f"mnist5k ω = {omega}, T = 30: top accuracy vs Table 1 (MNIST, S = 10, ω = {omega})",
+                       top, paper_top))
+        out.append(row(f"mnist5k ω = {omega}, T = 30: rounds to {target} vs Table 2 (rounds to {paper_target})",
+                       rounds, paper_rounds))
+        for name in ("GradMA", "GradMA-S", "GradMA-W"):
+            ranks.append(f"| mnist5k ω = {omega} | {name} | {rank(top, name, True)} | {rank(paper_top, name, True)} | "
+                         f"{rank(rounds, name, False)} | {rank(paper_rounds, name, False)} |")
+        for group in "WSB":
+            members = [r["method"] for r in rows if r["group"] == group]
+            groups.append(f"| {omega} | {group} | {', '.join(members)} | "
+                          f"{statistics.median(top[m] for m in members):.2f} | "
+                          f"{statistics.median(paper_top[m] for m in members):.2f} |")
+        seeds = {r["method"]: [float(v) for v in r["per seed"].split(",")] for r in rows}
+        for worker, both in PAIRS:
+            gains = [b - w for w, b in zip(seeds[worker], seeds[both])]
+            pairs.append(f"| {omega} | {worker} → {both} | {', '.join(f'{g:+.1f}' for g in gains)} | "
+                         f"{top[both] - top[worker]:+.2f} | {paper_top[both] - paper_top[worker]:+.2f} |")
+    digits = table(HERE / "digits_results" / "per_seed.md")
+    digits = [r for r in digits if r["sweep"] == "digits_sweep.yaml"]
+    digits_best = {NAMES[r["algorithm"]]: number(r["best mean"]) for r in digits}
+    digits_rounds = {NAMES[r["algorithm"]]: number(r["rounds to 0.9"]) for r in digits}
+    paper_top, paper_rounds = mnist["0.1"]
+    out.append(row("digits (8x8 stand-in), 9 methods: best accuracy vs Table 1 (MNIST, S = 10, ω = 0.1)",
+                   digits_best, {name: paper_top[name] for name in digits_best}))
+    out.append(row("digits, 9 methods: rounds to 0.9 vs Table 2 (MNIST, S = 10, ω = 0.1, rounds to 95%)",
+                   digits_rounds, {name: paper_rounds[name] for name in digits_rounds}))
+    for name in ("GradMA", "GradMA-S", "GradMA-W"):
+        ranks.append(f"| digits (9 methods) | {name} | {rank(digits_best, name, True)} | "
+                     f"{rank({n: paper_top[n] for n in digits_best}, name, True)} | "
+                     f"{rank(digits_rounds, name, False)} | {rank({n: paper_rounds[n] for n in digits_rounds}, name, False)} |")
+    paper_top, paper_rounds = mnist["0.01"]
+    out.append(row("synthetic (logistic regression), 6 methods: top accuracy vs Table 1 (MNIST, S = 10, ω = 0.01)",
+                   {n: v[0] for n, v in SYNTHETIC.items()}, {n: paper_top[n] for n in SYNTHETIC}))
+    out.append(row("synthetic, 6 methods: rounds to 75% vs Table 2 (MNIST, S = 10, ω = 0.01, rounds to 45%)",
+                   {n: v[1] for n, v in SYNTHETIC.items()}, {n: paper_rounds[n] for n in SYNTHETIC}))
+    out += ["", "## Ranks (1 = best: highest accuracy, fewest rounds; ties share the better rank)", "",
+            "Paper columns: the Table 1 / Table 2 column the row is compared with above, over the same methods.", "",
+            "| study | method | top accuracy rank here | paper's | rounds rank here | paper's |",
+            "|---|---|---|---|---|---|", *ranks,
+            "", "## The paper's groups (Sec. 6.1: W worker side, S server side, B both), median top accuracy (%)", "",
+            "| ω | group | methods | median here (mnist5k, T = 30) | median, Table 1 (MNIST, S = 10) |",
+            "|---|---|---|---|---|", *groups,
+            "", "## W → B pairs: the same local method with FedAvgM's server momentum (top accuracy, points)", "",
+            "| ω | pair | gain here per seed (0, 1, 2) | gain here, means | gain, Table 1 |",
+            "|---|---|---|---|---|", *pairs]
+    (HERE / "rank_agreement.md").write_text("\n".join(out) + "\n")
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
