@@ -2,7 +2,8 @@
 algorithm (rayfed's own selection: best seed mean of the top test accuracy), that point's top
 accuracy mean ± std over seeds (numpy's default ddof = 0) and the rounds its seed-mean test accuracy
 curve takes to reach the target, beside GradMA's Table 1 and Table 2 (MNIST / MLP, S = 10); the
-whole grid's seed means; and `rayfed report` (ddof = 1, plots) on the selected runs.
+whole grid's seed means; and `rayfed report` (ddof = 1, plots) on the selected runs. Then
+../rank_agreement.py, whose Kendall's tau and Spearman's rho against Tables 1 and 2 read these tables.
 
     python experiments/gradma/mnist5k/make_tables.py --sweeps sweeps/mnist5k --results experiments/gradma/mnist5k/results
 """
@@ -12,6 +13,7 @@ import argparse
 import json
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -186,6 +188,8 @@ def main() -> None:
             runs = [run for run in report_dirs if any(f"algorithm.name={name}__" in run.name for name in names)]
             report(runs, targets[0], results / f"report_omega{omega}_{group}", keep=("report.md", "test_accuracy.png"))
         print((results / f"table_omega{omega}.md").read_text())
+    if results.resolve() == (HERE / "results").resolve():     # where rank_agreement.py reads the tables
+        subprocess.run([sys.executable, str(HERE.parent / "rank_agreement.py")], check=True)
 
 
 if __name__ == "__main__":

