@@ -7,11 +7,12 @@ paper's W / S / B groups (Sec. 6.1) by their median. Reads the committed tables,
     python experiments/gradma/rank_agreement.py      # writes experiments/gradma/rank_agreement.md
 
 Inputs: mnist5k/results/table_omega{0.01,0.1}.md (the study's selected settings with the paper's MNIST / MLP,
-S = 10 numbers beside them, written by mnist5k/make_tables.py, which runs this script after them) and
-digits_results/per_seed.md (digits_per_seed.py).
+S = 10 numbers beside them, written by mnist5k/make_tables.py, which runs this script after them) and the
+digits sweep's selection (digits_results/selection.json, selected/report.md).
 """
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 
@@ -103,10 +104,10 @@ def main() -> None:
             gains = [b - w for w, b in zip(seeds[worker], seeds[both])]
             pairs.append(f"| {omega} | {worker} → {both} | {', '.join(f'{g:+.1f}' for g in gains)} | "
                          f"{top[both] - top[worker]:+.2f} | {paper_top[both] - paper_top[worker]:+.2f} |")
-    digits = table(HERE / "digits_results" / "per_seed.md")
-    digits = [r for r in digits if r["sweep"] == "digits_sweep.yaml"]
-    digits_best = {NAMES[r["algorithm"]]: number(r["best mean"]) for r in digits}
-    digits_rounds = {NAMES[r["algorithm"]]: number(r["rounds to 0.9"]) for r in digits}
+    selection = json.loads((HERE / "digits_results" / "selection.json").read_text())
+    digits_best = {NAMES[g["group"]["algorithm.name"]]: g["mean_best_test_accuracy"] for g in selection["groups"]}
+    digits_rounds = {NAMES[r["algorithm.name"]]: number(r["rounds to 0.9"])
+                     for r in table(HERE / "digits_results" / "selected" / "report.md")}
     paper_top, paper_rounds = mnist["0.1"]
     out.append(row("digits (8x8 stand-in), 9 methods: best accuracy vs Table 1 (MNIST, S = 10, ω = 0.1)",
                    digits_best, {name: paper_top[name] for name in digits_best}))
@@ -115,7 +116,8 @@ def main() -> None:
     for name in ("GradMA", "GradMA-S", "GradMA-W"):
         ranks.append(f"| digits (9 methods) | {name} | {rank(digits_best, name, True)} | "
                      f"{rank({n: paper_top[n] for n in digits_best}, name, True)} | "
-                     f"{rank(digits_rounds, name, False)} | {rank({n: paper_rounds[n] for n in digits_rounds}, name, False)} |")
+                     f"{rank(digits_rounds, name, False)} | "
+                     f"{rank({n: paper_rounds[n] for n in digits_rounds}, name, False)} |")
     paper_top, paper_rounds = mnist["0.01"]
     out.append(row("synthetic (logistic regression), 6 methods: top accuracy vs Table 1 (MNIST, S = 10, ω = 0.01)",
                    {n: v[0] for n, v in SYNTHETIC.items()}, {n: paper_top[n] for n in SYNTHETIC}))
