@@ -8,9 +8,10 @@ that is not reported, then run on the reported seeds.
 A method's rate is the grid's eta with the least uplink to --target test accuracy on the selection
 seed (a seed that never reaches it, or diverges first, ranks last; ties go to the lower final
 training loss). Runs are --rounds long and go to OUT/<scenario>_tuned/<method>/eta<eta>/seed<k>/;
-at the scenario's own eta, rounds 1..--rounds of uplink_curves.py's runs in OUT/<scenario>/ are
-read instead where they exist (nothing in a run depends on its number of rounds, so its first
-rounds are those of a shorter run). Writes OUT/<scenario>_tuned/table.md and table.json.
+at the scenario's own eta, rounds 1..--rounds of uplink_curves.py's runs in OUT/<scenario>/ (or
+OUT/<scenario>_train_rounds_<R>/, its runs with train.rounds=R) are read instead where they exist
+(nothing in a run depends on its number of rounds, so its first rounds are those of a shorter run).
+Writes OUT/<scenario>_tuned/table.md and table.json.
 """
 from __future__ import annotations
 
@@ -65,10 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out / f"{args.scenario.stem}_tuned"
 
     def run(method: str, rate: float, seed: int) -> list[dict]:
-        full = args.out / args.scenario.stem / slug(method) / f"seed{seed}"
-        summary = read_summary(full)
-        if math.isclose(rate, own_rate) and summary is not None and summary.get("status") == "finished":
-            return [json.loads(line) for line in (full / "metrics.jsonl").read_text().splitlines()][:args.rounds]
+        if math.isclose(rate, own_rate):
+            for folder in (args.scenario.stem, f"{args.scenario.stem}_{slug(f'train.rounds={args.rounds}')}"):
+                full = args.out / folder / slug(method) / f"seed{seed}"
+                summary = read_summary(full)
+                if summary is not None and summary.get("status") == "finished" and \
+                        summary["rounds_completed"] >= args.rounds:
+                    lines = (full / "metrics.jsonl").read_text().splitlines()
+                    return [json.loads(line) for line in lines][:args.rounds]
         return run_or_read(args.scenario, [*METHODS[method], f"algorithm.lr_local={rate}", f"seed={seed}",
                                            f"train.rounds={args.rounds}"],
                            out / slug(method) / f"eta{rate:g}" / f"seed{seed}")
