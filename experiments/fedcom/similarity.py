@@ -1,7 +1,7 @@
 """FedCOM's heterogeneity heatmap (arXiv:2007.01154, Sec. B.2, eq. (7), Fig. 7): the cosine
 similarity d_ij = g_i.g_j / (|g_i| |g_j|) between the full-batch gradients g_i of clients i and j,
-all taken at one shared model, for a heterogeneous split (the scenario's own, 2-class shards in
-digits.yaml) against an IID one.
+all taken at one shared model, for a heterogeneous split (the scenario's own: 2 label-sorted
+shards a client in digits.yaml) against an IID one.
 
     python experiments/fedcom/similarity.py experiments/fedcom/digits.yaml --seeds 3 --rounds 0 10 \\
         --out runs/fedcom --results experiments/fedcom/results
