@@ -21,8 +21,6 @@ import math
 import sys
 from pathlib import Path
 
-import numpy as np
-
 import rayfed
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
