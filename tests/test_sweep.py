@@ -13,7 +13,7 @@ import yaml
 import rayfed
 from rayfed.callbacks.dispatch import CallbackFailed
 from rayfed.cli import main
-from rayfed.errors import RunStopped
+from rayfed.errors import ConfigError, RunStopped
 from rayfed.provenance import DECIDING
 from rayfed.preflight import load_config
 from rayfed.metrics import WALL_CLOCK_KEYS
@@ -55,6 +55,17 @@ def test_the_grid_expands_in_file_order_and_every_point_is_resolved(in_tmp):
     assert (first.config.train.rounds, first.config.seed) == (3, 0)
     assert sweep.trials[-1].config.algorithm.mu == 0.01       # fedprox's default filled in per point
     assert (in_tmp / "copy.yaml").read_text() == (in_tmp / "base.yaml").read_text()
+
+
+def test_a_base_file_is_checked_with_the_command_line_overrides(in_tmp):
+    """A base whose dataset's files are missing here runs on another dataset (or data.root) given on
+    the command line, as `rayfed run BASE data.dataset=...` does; without the override it is one line."""
+    (in_tmp / "base.yaml").write_text(yaml.safe_dump({**BASE, "data": {"dataset": "mnist", "num_clients": 20}}))
+    path = write_sweep(in_tmp / "s.yaml", {"seed": [0, 1]}, base="base.yaml")
+    sweep = read_sweep(path, ["data.dataset=digits"], in_tmp / "copy.yaml")
+    assert [trial.config.data.dataset for trial in sweep.trials] == ["digits", "digits"]
+    with pytest.raises(ConfigError, match=r"^mnist files missing under data/MNIST/raw: train-images-idx3-ubyte"):
+        read_sweep(path, [], in_tmp / "copy.yaml")
 
 
 @pytest.mark.parametrize("text, expected", [

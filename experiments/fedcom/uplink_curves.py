@@ -4,15 +4,16 @@ C_r = 0.1 with memory), each over several seeds.
 
     python experiments/fedcom/uplink_curves.py experiments/fedcom/digits.yaml --seeds 3 --out runs/fedcom
 
-Runs go to OUT/<scenario>/<method>/seed<k>/ (a finished one is read back); OUT/<scenario>/ gets
-table.md, table.json and curves.png (seed means; the paper plots uplink, §3.3). Extra key=value
+Runs go to OUT/<scenario>[_<overrides>]/<method>/seed<k>/ (a finished one is read back); that folder gets
+table.md and table.json (each seed's final loss and accuracy, and the round and uplink at which
+it first reaches --target; medians over the seeds that do) and curves.png (seed means; the paper
+plots uplink, the downlink being negligible: arXiv:2007.01154, Sec. B.1). Extra key=value
 arguments override the scenario for every method.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from runs import run_or_read, slug  # noqa: E402  (experiments/runs.py)
 
-from rayfed.report.stats import first_crossing  # noqa: E402
+from rayfed.report.stats import rounds_to_target  # noqa: E402
 
 AFFINE_8 = ["compression.name=affine", "compression.bits=8"]
 METHODS = {
@@ -45,27 +46,38 @@ def curves(runs: list[list[dict]]) -> dict[str, np.ndarray]:
             "test_accuracy": np.mean([[m["test_accuracy"] for m in run] for run in evaluated], axis=0)}
 
 
+def per_seed(run: list[dict], target: float) -> dict:
+    """One seed's final training loss and test accuracy, and its first round with test accuracy at
+    least `target` with the uplink MB spent by then (None: never, or the run diverged first)."""
+    reached = rounds_to_target(run, "test_accuracy", target)
+    by_round = {m["round"]: m for m in run}
+    return {"final_train_loss": run[-1].get("global_train_loss"), "final_accuracy": run[-1].get("test_accuracy"),
+            "rounds": run[-1]["round"], "round_to_target": reached,
+            "uplink_mb_to_target": None if reached is None else by_round[reached]["bits_up_total"] / MEGABYTE_BITS}
+
+
 def summarize(method: str, runs: list[list[dict]], target: float) -> dict:
-    curve = curves(runs)
-    final_loss = [run[-1]["global_train_loss"] for run in runs]
-    final_accuracy = [run[-1]["test_accuracy"] for run in runs]
-    hit = first_crossing(curve["test_accuracy"], target)
     return {"method": method, "uplink_mb_per_round": runs[0][-1]["bits_up_total"] / MEGABYTE_BITS / len(runs[0]),
-            "uplink_mb_total": float(curve["uplink_mb"][-1]),
-            "final_train_loss": [float(np.mean(final_loss)), float(np.std(final_loss, ddof=1)) if len(runs) > 1 else math.nan],
-            "final_accuracy": [float(np.mean(final_accuracy)), float(np.std(final_accuracy, ddof=1)) if len(runs) > 1 else math.nan],
-            "round_to_target": None if hit is None else int(curve["round"][hit]),
-            "uplink_mb_to_target": None if hit is None else float(curve["uplink_mb"][hit])}
+            "seeds": [per_seed(run, target) for run in runs]}
+
+
+def values(seeds: list[dict], key: str, digits: str) -> str:
+    """Each seed's value ("never" where it has none), then the median over the seeds that have one."""
+    shown = ["never" if s[key] is None else format(s[key], digits) for s in seeds]
+    have = [s[key] for s in seeds if s[key] is not None]
+    median = f"median {np.median(have):{digits}} of {len(have)}" if have else "no seed"
+    return f"{' / '.join(shown)} ({median})"
 
 
 def render(rows: list[dict], target: float) -> str:
-    lines = [f"| method | uplink MB a round | final training loss | final test accuracy | round to {target:g} | "
-             f"uplink MB to {target:g} |", "|---|---|---|---|---|---|"]
+    lines = [f"| method | uplink MB a round | final training loss, per seed | final test accuracy, per seed | "
+             f"round to {target:g}, per seed | uplink MB to {target:g}, per seed |", "|---|---|---|---|---|---|"]
     for row in rows:
-        reached = row["uplink_mb_to_target"]
-        lines.append(f"| {row['method']} | {row['uplink_mb_per_round']:.3f} | {row['final_train_loss'][0]:.4f} ± "
-                     f"{row['final_train_loss'][1]:.4f} | {row['final_accuracy'][0]:.4f} ± {row['final_accuracy'][1]:.4f} | "
-                     f"{row['round_to_target'] or 'never'} | {'never' if reached is None else f'{reached:.2f}'} |")
+        seeds = row["seeds"]
+        lines.append(f"| {row['method']} | {row['uplink_mb_per_round']:.3f} | "
+                     f"{values(seeds, 'final_train_loss', '.4f')} | {values(seeds, 'final_accuracy', '.4f')} | "
+                     f"{values(seeds, 'round_to_target', 'g')} | "
+                     f"{values(seeds, 'uplink_mb_to_target', '.2f')} |")
     return "\n".join(lines)
 
 
@@ -95,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=0.9, help="test accuracy whose uplink cost is reported")
     parser.add_argument("--out", type=Path, default=Path("runs/fedcom"))
     args = parser.parse_args(argv)
-    out = args.out / args.scenario.stem
+    out = args.out / "_".join([args.scenario.stem, *map(slug, args.overrides)])
     rows, all_curves = [], {}
     for method, method_overrides in METHODS.items():
         runs = [run_or_read(args.scenario, [*method_overrides, f"seed={seed}", *args.overrides],
