@@ -118,6 +118,15 @@ def test_a_sweep_file_that_is_no_regular_file_is_one_line(in_tmp, capsys, kind):
     assert not (in_tmp / "out").exists()
 
 
+def test_the_base_file_is_checked_under_the_command_line_s_overrides(in_tmp, capsys):
+    (in_tmp / "base.yaml").write_text(yaml.safe_dump({**BASE, "data": {"dataset": "cifar10", "num_clients": 20}}))
+    write_sweep(in_tmp / "s.yaml", {"seed": [0, 1]}, base="base.yaml")
+    sweep = read_sweep("s.yaml", ["data.dataset=cifar10_random"], in_tmp / "copy.yaml")
+    assert [trial.config.data.dataset for trial in sweep.trials] == ["cifar10_random", "cifar10_random"]
+    assert main(["sweep", "s.yaml", "--plan"]) == 2
+    assert capsys.readouterr().err.startswith("rayfed: error: cifar10 files missing under data/cifar-10-batches-py: ")
+
+
 def test_an_out_below_a_file_is_one_line(in_tmp, capsys):
     (in_tmp / "afile").write_text("kept\n")
     write_sweep(in_tmp / "s.yaml", {"seed": [0]})

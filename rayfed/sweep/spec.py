@@ -61,7 +61,7 @@ def read_sweep(path: str, overrides: list[str], base_copy: Path) -> Sweep:
     if not isinstance(spec, dict) or set(spec) - set(SWEEP_KEYS) or "grid" not in spec:
         raise ConfigError(f"sweep file {path} must be a mapping with the keys base (a config file or mapping; "
                           f"optional) and grid (dotted keys to lists of values)")
-    base_text = _base_text(spec.get("base"), Path(path))
+    base_text = _base_text(spec.get("base"), Path(path), overrides)
     grid = parse_grid(spec["grid"], f"sweep file {path}")
     base_copy.write_text(base_text)
     trials = [_trial(base_copy, tuple(overrides), point) for point in points(grid)]
@@ -72,7 +72,7 @@ def read_sweep(path: str, overrides: list[str], base_copy: Path) -> Sweep:
     return Sweep(base_text, spec["grid"], grid, tuple(overrides), trials)
 
 
-def _base_text(base, sweep_file: Path) -> str:
+def _base_text(base, sweep_file: Path, overrides: list[str]) -> str:
     if base is None or isinstance(base, dict):
         return yaml.safe_dump(base or {}, sort_keys=False)
     if not isinstance(base, str):
@@ -81,7 +81,9 @@ def _base_text(base, sweep_file: Path) -> str:
     # Relative to where rayfed runs, as for `rayfed run`, else to the sweep file.
     for candidate in (Path(base), sweep_file.parent / base):
         if candidate.is_file():
-            load_config(candidate)      # its own errors, named by its own path
+            # Its own errors, named by its own path, under the command line's overrides, which may remove one
+            # (data.dataset=cifar10_random for a base whose data files are not here).
+            load_config(candidate, overrides)
             return candidate.read_text(encoding="utf-8")
     raise ConfigError(f"sweep file {sweep_file}: base config {base} does not exist")
 
