@@ -16,6 +16,8 @@ import yaml
 
 EARLY_ROUNDS = 10
 TUNED = ("lr_local", "lr_global")
+# The methods with a server rate; the others' lr_global is rayfed's unused default.
+SERVER_RATE = ("fedadam", "fedams_v1", "fedams_v2", "lafedopt")
 REPORTED_SEEDS = [1, 2, 3]
 
 parser = argparse.ArgumentParser()
@@ -31,7 +33,8 @@ for metrics in sorted(pathlib.Path(args.sweep).rglob("metrics.jsonl")):
     curve = [(row["round"], row["test_accuracy"]) for row in map(json.loads, metrics.read_text().splitlines())
              if row.get("test_accuracy") is not None]
     early = statistics.mean(acc for round_, acc in curve if round_ <= EARLY_ROUNDS)
-    key = (algorithm["name"], *(algorithm.get(name) for name in TUNED))
+    key = (algorithm["name"], algorithm["lr_local"],
+           algorithm["lr_global"] if algorithm["name"] in SERVER_RATE else None)
     settings[key].append((config["seed"], max(acc for _, acc in curve), early))
     fixed[algorithm["name"]] = {name: value for name, value in algorithm.items()
                                 if name in ("beta1", "beta2", "eps", "tau")}
