@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
 # Runs the claims' sweeps (sweeps/claims/synthetic_NAME.yaml) one after another, from the repository root:
 #   bash experiments/fedlalr/run_claims.sh tune3 vhat interval final3 scaling_s50 scaling
-# All but final3 run vectorised (engine.vectorize=true: a sweep's trials that differ only in seed and rates pack
-# into one batched computation, equal to the runs alone within tolerance, not in bits); final3, the control
-# reported against stage 2 (sweeps/final/), runs unvectorised as stage 2 did. Sweep directories go to
-# ${CLAIMS:-/tmp/fedlalr_claims}/NAME; rerunning continues them.
+# They run vectorised (engine.vectorize=true): a sweep's trials that differ only in seed and rates pack into one
+# batched computation, equal to the runs alone within tolerance, not in bits (stage 2, sweeps/final/, ran
+# unvectorised). Sweep directories go to ${CLAIMS:-/tmp/fedlalr_claims}/NAME; rerunning continues them.
 set -u
 out=${CLAIMS:-/tmp/fedlalr_claims}
 for name in "$@"; do
     start=$(date +%s)
     rayfed sweep experiments/fedlalr/sweeps/claims/synthetic_$name.yaml \
-        $([ "$name" != final3 ] && echo engine.vectorize=true) --out "$out/$name" --quiet
+        engine.vectorize=true --out "$out/$name" --quiet
     echo "== $name: $(( $(date +%s) - start )) s wall"
 done

@@ -66,7 +66,7 @@ if args.write:
     lines = ["# The control for C1 (README): each of the paper's six methods at the rates tune_select.py picked from",
              "# synthetic_tune3.yaml (tuning seeds 0, 4, 5) by best test accuracy and by early speed (both where they",
              "# differ), run on the reported seeds 1, 2, 3. Written by tune_select.py. Run:",
-             f"#   rayfed sweep {args.write} --out /tmp/fedlalr_claims/final3 --quiet",
+             f"#   rayfed sweep {args.write} engine.vectorize=true --out /tmp/fedlalr_claims/final3 --quiet",
              "base: experiments/fedlalr/synthetic.yaml", "grid:", "  algorithm:"]
     for method, keys in picks.items():
         for key in keys:
