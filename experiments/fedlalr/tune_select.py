@@ -23,6 +23,7 @@ REPORTED_SEEDS = [1, 2, 3]
 parser = argparse.ArgumentParser()
 parser.add_argument("sweep")
 parser.add_argument("--write", help="the sweep file to write for the picks")
+parser.add_argument("--scenario", default="synthetic", help="synthetic or digits: the written file's base")
 args = parser.parse_args()
 
 settings = collections.defaultdict(list)
@@ -63,11 +64,13 @@ for method in sorted({key[0] for key in settings}):
           f"| {' / '.join(str(v) for v in by_early[1:] if v is not None)} |")
 
 if args.write:
-    lines = ["# The control for C1 (README): each of the paper's six methods at the rates tune_select.py picked from",
-             "# synthetic_tune3.yaml (tuning seeds 0, 4, 5) by best test accuracy and by early speed (both where they",
-             "# differ), run on the reported seeds 1, 2, 3. Written by tune_select.py. Run:",
-             f"#   rayfed sweep {args.write} engine.vectorize=true --out /tmp/fedlalr_claims/final3 --quiet",
-             "base: experiments/fedlalr/synthetic.yaml", "grid:", "  algorithm:"]
+    claim = "C2" if args.scenario == "digits" else "C1"
+    lines = [f"# The control for {claim} (README): each of the paper's six methods at the rates tune_select.py",
+             f"# picked from {args.scenario}_tune3.yaml (tuning seeds 0, 4, 5) by best test accuracy and by early",
+             "# speed (both where they differ), run on the reported seeds 1, 2, 3. Written by tune_select.py. Run:",
+             f"#   rayfed sweep {args.write} engine.vectorize=true \\",
+             f"#       --out /tmp/fedlalr_claims{'_digits' if args.scenario == 'digits' else ''}/final3 --quiet",
+             f"base: experiments/fedlalr/{args.scenario}.yaml", "grid:", "  algorithm:"]
     for method, keys in picks.items():
         for key in keys:
             values = {"name": method, **{name: value for name, value in zip(TUNED, key[1:]) if value is not None},
