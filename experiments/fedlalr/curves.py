@@ -34,7 +34,8 @@ for top in args.dirs:
             group.append(str(value))
         runs[" | ".join(group)].append((config["seed"], values))
 
-print(f"| {' | '.join(keys)} | seeds | " + " | ".join(f"{args.metric} at round {r} per seed" for r in args.rounds) + " |")
+columns = " | ".join(f"{args.metric} at round {r} per seed" for r in args.rounds)
+print(f"| {' | '.join(keys)} | seeds | {columns} |")
 print("|---" * (len(keys) + 1 + len(args.rounds)) + "|")
 for name in sorted(runs):
     cells = []

@@ -29,7 +29,8 @@ for scenario in sorted(HERE.glob("e[2-6]_*.yaml")):
     lines = [f"# {scenario.stem} (see its comments): {', '.join(methods)}",
              "# at hparams.py's values (the paper's, arXiv:2309.09719, Sec. V-A, but for those hparams.py marks [D]),",
              "# seeds 0, 1, 2 (chosen here). Written by make_paper_sweeps.py; needs the dataset files and a GPU. Run:",
-             f"#   rayfed sweep experiments/fedlalr/sweeps/paper/{scenario.name} --out sweeps/fedlalr_{scenario.stem}",
+             f"#   rayfed sweep experiments/fedlalr/sweeps/paper/{scenario.name} \\",
+             f"#       --out sweeps/fedlalr_{scenario.stem}",
              f"base: experiments/fedlalr/{scenario.name}", "grid:", "  algorithm:"]
     for method in methods:
         # e6 fixes FedLALR's values in its algorithm section; the sweep repeats the same values.

@@ -68,6 +68,7 @@ for name in sorted(runs):
         earlies.append(f"{statistics.mean(acc for round_, acc in curve if round_ <= 10):.3f}")
         for target in args.target:
             reach[target].append(next((str(r) for r, acc in curve if acc >= target), "never"))
-    print(f"| {name} | {len(runs[name])} | {mean_std(last10)} | {mean_std(drops)} | {worst[0]:.4f} (seed {worst[1]}, "
-          f"round {worst[2]}) | {', '.join(f'{drop:.3f}' for drop in drops)} | {', '.join(bests)} | {', '.join(finals)} "
-          f"| {', '.join(earlies)} | " + " | ".join(", ".join(reach[t]) for t in args.target) + " |")
+    print(f"| {name} | {len(runs[name])} | {mean_std(last10)} | {mean_std(drops)} "
+          f"| {worst[0]:.4f} (seed {worst[1]}, "
+          f"round {worst[2]}) | {', '.join(f'{drop:.3f}' for drop in drops)} | {', '.join(bests)} "
+          f"| {', '.join(finals)} | {', '.join(earlies)} | " + " | ".join(", ".join(reach[t]) for t in args.target) + " |")
