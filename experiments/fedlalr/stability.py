@@ -71,4 +71,5 @@ for name in sorted(runs):
     print(f"| {name} | {len(runs[name])} | {mean_std(last10)} | {mean_std(drops)} "
           f"| {worst[0]:.4f} (seed {worst[1]}, "
           f"round {worst[2]}) | {', '.join(f'{drop:.3f}' for drop in drops)} | {', '.join(bests)} "
-          f"| {', '.join(finals)} | {', '.join(earlies)} | " + " | ".join(", ".join(reach[t]) for t in args.target) + " |")
+          f"| {', '.join(finals)} | {', '.join(earlies)} | "
+          + " | ".join(", ".join(reach[t]) for t in args.target) + " |")
