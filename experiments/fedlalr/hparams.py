@@ -4,8 +4,8 @@
 
 DATASET is cifar10, cifar100 or shakespeare; METHOD one of TABLE's keys.
 
-TABLE holds them for the paper's scenarios (e2_*, e3_*, e4_*, e5_*). [D]: not in the paper, the spec's decision
-(carried over from CIFAR-10, or the reference code's default). Extras (not in the paper's six):
+TABLE has them for the paper's scenarios (e2_*, e3_*, e4_*, e5_*). [D]: not in the paper, chosen here
+(carried over from CIFAR-10, or the default of LaFedOPT's reference code). Extras (not in the paper's six):
 local_amsgrad takes FedLALR's values; fedyogi and fedadagrad take FedAdam's (FedAdagrad with
 beta1 = 0, Reddi et al.'s default) [D].
 """

@@ -5,7 +5,9 @@ under the given directories (a sweep's trials):
   largest drop   the largest fall of the test accuracy below its running best, after round 10
                  (the paper's "accuracy drops during training"; seed mean ± sample std, and the
                  worst seed with the round at which its drop was largest)
-  best / final   per seed (seeds in increasing order), to compare methods within a seed
+  drop per seed  the largest drop of each seed (seeds in increasing order)
+  best / final   per seed, to compare methods within a seed
+  early          per seed, the mean test accuracy over rounds 1-10 (the paper's "in the early period")
   rounds to X    per seed, the first round with test accuracy >= X
     python experiments/fedlalr/stability.py --target 0.9 --target 0.95 /tmp/fedlalr_sweeps/final_digits_* > OUT.md
 """
@@ -44,11 +46,11 @@ def mean_std(values):
 
 
 targets = " | ".join(f"rounds to {target} per seed" for target in args.target)
-print(f"| {' | '.join(args.group)} | seeds | last-10 mean | largest drop after round 10 | worst drop (seed, round) | best per seed "
-      f"| final per seed | {targets} |")
-print("|---" * len(args.group) + "|---|---|---|---|---|---|" + "---|" * len(args.target))
+print(f"| {' | '.join(args.group)} | seeds | last-10 mean | largest drop after round 10 | worst drop (seed, round) "
+      f"| drop per seed | best per seed | final per seed | early per seed | {targets} |")
+print("|---" * len(args.group) + "|---|---|---|---|---|---|---|---|" + "---|" * len(args.target))
 for name in sorted(runs):
-    last10, drops, worst, bests, finals = [], [], (0.0, None, None), [], []
+    last10, drops, worst, bests, finals, earlies = [], [], (0.0, None, None), [], [], []
     reach = {target: [] for target in args.target}
     for seed, curve in sorted(runs[name]):
         accs = [acc for _, acc in curve]
@@ -63,7 +65,11 @@ for name in sorted(runs):
             worst = (drop, seed, at)
         bests.append(f"{max(accs):.3f}")
         finals.append(f"{accs[-1]:.3f}")
+        earlies.append(f"{statistics.mean(acc for round_, acc in curve if round_ <= 10):.3f}")
         for target in args.target:
             reach[target].append(next((str(r) for r, acc in curve if acc >= target), "never"))
-    print(f"| {name} | {len(runs[name])} | {mean_std(last10)} | {mean_std(drops)} | {worst[0]:.4f} (seed {worst[1]}, round {worst[2]}) "
-          f"| {', '.join(bests)} | {', '.join(finals)} | " + " | ".join(", ".join(reach[t]) for t in args.target) + " |")
+    print(f"| {name} | {len(runs[name])} | {mean_std(last10)} | {mean_std(drops)} "
+          f"| {worst[0]:.4f} (seed {worst[1]}, "
+          f"round {worst[2]}) | {', '.join(f'{drop:.3f}' for drop in drops)} | {', '.join(bests)} "
+          f"| {', '.join(finals)} | {', '.join(earlies)} | "
+          + " | ".join(", ".join(reach[t]) for t in args.target) + " |")
