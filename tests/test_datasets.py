@@ -482,11 +482,17 @@ def test_synthetic_max_samples_is_validated():
         load_config(None, ["data.synthetic_max_samples=1"])
 
 
-def test_cifar10_random_is_shaped_like_cifar10():
-    dataset = load_dataset("cifar10_random", seed=0)
-    assert dataset.train_x.shape == (50_000, 3, 32, 32) and dataset.test_x.shape == (10_000, 3, 32, 32)
-    assert dataset.train_x.dtype == np.float32 and set(np.unique(dataset.train_y)) == set(range(10))
+@pytest.mark.parametrize("name, train_shape, classes", [
+    ("cifar10", (50_000, 3, 32, 32), 10), ("mnist", (60_000, 1, 28, 28), 10),
+    ("fashion_mnist", (60_000, 1, 28, 28), 10), ("cifar100", (50_000, 3, 32, 32), 100)])
+def test_random_stand_in_is_shaped_like_its_set(name, train_shape, classes):
+    dataset = load_dataset(f"{name}_random", seed=0)
+    assert dataset.train_x.shape == train_shape and dataset.test_x.shape == (10_000, *train_shape[1:])
+    assert dataset.train_x.dtype == np.float32 and set(np.unique(dataset.train_y)) == set(range(classes))
     assert abs(float(dataset.train_x[:1000].std()) - 1.0) < 0.01
+    real, stand_in = DATASETS.get(name), DATASETS.get(f"{name}_random")
+    assert (stand_in.input_shape, stand_in.num_classes, stand_in.default_model) == \
+        (real.input_shape, real.num_classes, real.default_model)
 
 
 # ---- digits: the UCI handwritten digits scikit-learn ships ----

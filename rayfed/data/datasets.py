@@ -65,11 +65,10 @@ SYNTHETIC_CHUNK_SAMPLES = 20_000     # samples generated at once: bounds the gen
 SYNTHETIC_SIZE_LOG_MEAN, SYNTHETIC_SIZE_LOG_SIGMA = 4.0, 2.0
 # x ~ N(v_k, diag(j^-1.2)): the features' standard deviations.
 SYNTHETIC_FEATURE_STDS = np.arange(1, SYNTHETIC_DIMENSION + 1, dtype=np.float64) ** -0.6
-# cifar10_random: CIFAR-10's shapes and sizes, for timing without the files.
-RANDOM_TRAIN_SIZE = 50_000
+# <name>_random for each image set above: its shapes, sizes and class count with standard-normal images and uniform
+# labels, so that timing and `rayfed sweep --plan` run without the files. Each set's test split has 10,000 images.
+RANDOM_SUFFIX = "_random"
 RANDOM_TEST_SIZE = 10_000
-RANDOM_IMAGE_SHAPE = (3, 32, 32)
-RANDOM_CLASSES = 10
 # digits: the UCI handwritten digits (optdigits' test part) as scikit-learn ships them, one CSV row
 # per image: 64 pixel counts in 0..16, then the label.
 DIGITS_FILE = pathlib.PurePath("datasets", "data", "digits.csv.gz")   # inside the sklearn package
@@ -166,11 +165,17 @@ for _name, _image_source in _IMAGE_SOURCES.items():
     _register_image_dataset(_name, _image_source)
 
 
-@register_dataset("cifar10_random", input_shape=RANDOM_IMAGE_SHAPE, num_classes=RANDOM_CLASSES, default_model="lenet5",
-                  num_samples=RANDOM_TRAIN_SIZE + RANDOM_TEST_SIZE)
-def _cifar10_random(data, seed: int) -> Dataset:
-    """Standard-normal images and uniform labels shaped like CIFAR-10, for benchmarks: no files, nothing learnable."""
-    return _generate_random_images(seed)
+def _register_random_dataset(name: str, source: _ImageSource) -> None:
+    def load(data, seed: int) -> Dataset:
+        """Standard-normal images and uniform labels shaped like the named set, for timing: no files, nothing
+        learnable."""
+        return _generate_random_images(name + RANDOM_SUFFIX, source, seed)
+    register_dataset(name + RANDOM_SUFFIX, input_shape=source.input_shape, num_classes=source.num_classes,
+                     default_model=source.default_model, num_samples=source.num_samples)(load)
+
+
+for _name, _image_source in _IMAGE_SOURCES.items():
+    _register_random_dataset(_name, _image_source)
 
 
 @register_dataset("digits", input_shape=DIGITS_IMAGE_SHAPE, num_classes=DIGITS_CLASSES, default_model="mlp",
@@ -380,15 +385,15 @@ def _load_digits() -> Dataset:
                    num_classes=DIGITS_CLASSES, input_shape=DIGITS_IMAGE_SHAPE)
 
 
-def _generate_random_images(seed: int) -> Dataset:
-    """Standard-normal images and uniform labels shaped like normalised CIFAR-10: a compute-bound
+def _generate_random_images(name: str, source: _ImageSource, seed: int) -> Dataset:
+    """Standard-normal images and uniform labels shaped like the normalised image set: a compute-bound
     workload for benchmarks (nothing in it is learnable)."""
     rng = numpy_rng(seed, Purpose.SYNTHETIC_DATA)
     arrays = []
-    for size in (RANDOM_TRAIN_SIZE, RANDOM_TEST_SIZE):
-        arrays += [rng.standard_normal((size, *RANDOM_IMAGE_SHAPE), dtype=np.float32),
-                   rng.integers(0, RANDOM_CLASSES, size, dtype=np.int64)]
-    return Dataset("cifar10_random", *arrays, num_classes=RANDOM_CLASSES, input_shape=RANDOM_IMAGE_SHAPE)
+    for size in (source.num_samples - RANDOM_TEST_SIZE, RANDOM_TEST_SIZE):
+        arrays += [rng.standard_normal((size, *source.input_shape), dtype=np.float32),
+                   rng.integers(0, source.num_classes, size, dtype=np.int64)]
+    return Dataset(name, *arrays, num_classes=source.num_classes, input_shape=source.input_shape)
 
 
 def check_synthetic(num_clients: int, alpha: float, beta: float) -> None:
