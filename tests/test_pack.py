@@ -7,7 +7,7 @@ import rayfed
 from rayfed.engine.pack import Pack
 from rayfed.metrics import read_summary
 from tests.test_engine_equivalence import assert_same_run
-from tests.test_vectorize import ATOL, RTOL, SMALL
+from tests.test_vectorize import ATOL, BN_ATOL, BN_RTOL, RTOL, SMALL
 
 POINTS = [["algorithm.lr_local=0.05", "seed=0"], ["algorithm.lr_local=0.1", "seed=0"],
           ["algorithm.lr_local=0.05", "seed=1"]]
@@ -71,3 +71,20 @@ def test_sweep_trials_pack_where_only_seeds_and_floats_differ():
     assert names(5) == [["a", "b", "e"], ["c", "f"], ["d"], ["g"]]
     assert names(2) == [["a", "b"], ["c", "f"], ["d"], ["e"], ["g"]]
     assert names(1) == [[name] for name in "abcdefg"]
+
+
+def test_full_gradient_chunks_of_different_lengths_stack_only_with_their_like(tmp_path):
+    """MimeLite's full gradients take each client's samples in one chunk as long as the run's largest client
+    (digits split by Dirichlet 0.3: clients of very different sizes), so runs give chunks of different lengths.
+    Those pass separately, no run's rows padded to another's; through BatchNorm, whose statistics padding
+    rows would move if they were not copies of the client's own rows (vectorized._padded_rows)."""
+    configs = [rayfed.load_config(None, SMALL + ["engine.vectorize=true", "algorithm.name=mimelite",
+                                                 "data.dataset=digits", "data.partition=dirichlet", "data.alpha=0.3",
+                                                 "model.name=mlp", "model.hidden_sizes=[16]"] + point)
+               for point in POINTS]
+    alone = [rayfed.run(config, run_dir=tmp_path / f"alone{index}", progress=False)
+             for index, config in enumerate(configs)]
+    pack, packed_runs = packed(tmp_path, configs, "packed")
+    assert len(set(pack.rows_per_pass)) > 1 and max(pack.rows_per_pass) == len(POINTS) * CLIENTS
+    for run_alone, run_packed in zip(alone, packed_runs):
+        torch.testing.assert_close(run_packed.params, run_alone.params, rtol=BN_RTOL, atol=BN_ATOL)

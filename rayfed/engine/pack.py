@@ -6,10 +6,11 @@ nothing they share in the process (torch's default generator, its thread count) 
 once and a pack's results do not depend on timing. The turns end only at the per-client gradient
 passes of vectorised training (engine.vectorize): a run that reaches one waits there, and when every
 run still going waits, the last to arrive computes all their passes as one: the clients of all the
-packed runs stacked into one vmap, their minibatches padded to the longest with weight-0 rows, as a
-worker pads its own clients'. Each run then goes on with its own rows. A client's row does not depend
-on which rows share its batch beyond that padding, so a packed run equals the run alone within
-engine.vectorize's tolerance, and the same pack gives the same bits every time.
+packed runs stacked into one vmap, where their minibatches have as many rows a client (each run pads
+its own clients' to its batch size; full-gradient chunks of different lengths are separate passes).
+Each run then goes on with its own rows. A client's row does not depend on which rows share its batch,
+so a packed run equals the run alone within engine.vectorize's tolerance, and the same pack gives the
+same bits every time.
 """
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -43,10 +43,11 @@ class _Request:
     error: BaseException | None = None
 
     def key(self) -> tuple:
-        """Requests with equal keys stack into one pass: the same parameter width and row tensors alike
-        but for their number of rows."""
+        """Requests with equal keys stack into one pass: the same parameter width and row tensors alike,
+        with as many rows a client. Rows are not padded to stack: what pads them (weight-0 copies of a
+        client's own first row, vectorized._padded_rows) is the caller's to know."""
         return (tuple(self.params.shape[1:]), self.params.dtype,
-                tuple((tuple(t.shape[2:]), t.dtype) for t in self.rows))
+                tuple((tuple(t.shape[1:]), t.dtype) for t in self.rows))
 
 
 class Pack:
@@ -153,17 +154,15 @@ class PackMember:
 
 
 def _stacked_pass(requests: list[_Request]) -> None:
-    """One call of the first request's function on all requests' clients, rows padded at the end with
-    zeros (weight 0); each request's result is its clients' part."""
+    """One call of the first request's function on all requests' clients; each request's result is its
+    clients' part."""
     if len(requests) == 1:
         request = requests[0]
         request.result = request.function(request.params, *request.rows)
         return
-    longest = [max(request.rows[position].shape[1] for request in requests)
-               for position in range(len(requests[0].rows))]
     params = torch.cat([request.params for request in requests])
-    rows = tuple(torch.cat([_padded(request.rows[position], length) for request in requests])
-                 for position, length in enumerate(longest))
+    rows = tuple(torch.cat([request.rows[position] for request in requests])
+                 for position in range(len(requests[0].rows)))
     leaves, spec = tree_flatten(requests[0].function(params, *rows))
     counts = [request.params.shape[0] for request in requests]
     parts = [leaf.split(counts) if isinstance(leaf, Tensor) and leaf.dim() else [leaf] * len(requests)
@@ -171,9 +170,3 @@ def _stacked_pass(requests: list[_Request]) -> None:
     for position, request in enumerate(requests):
         request.result = tree_unflatten([part[position] for part in parts], spec)
 
-
-def _padded(rows: Tensor, length: int) -> Tensor:
-    missing = length - rows.shape[1]
-    if not missing:
-        return rows
-    return F.pad(rows, (0, 0) * (rows.dim() - 2) + (0, missing))
