@@ -8,7 +8,8 @@ paper's W / S / B groups (Sec. 6.1) by their median. Reads the committed tables,
 
 Inputs: mnist5k/results/table_omega{0.01,0.1}.md (the study's selected settings with the paper's MNIST / MLP,
 S = 10 numbers beside them, written by mnist5k/make_tables.py, which runs this script after them) and the
-digits sweep's selection (digits_results/selection.json, selected/report.md).
+digits sweep's selection (digits_results/selection.json, selected/report.md); where it exists,
+mnist5k/results_T500/ (the same study at the paper's horizon, make_tables.py --rounds 500).
 """
 from __future__ import annotations
 
@@ -72,6 +73,34 @@ def row(label: str, ours: dict, paper: dict) -> str:
     return f"| {label} | {n} | {tau:+.2f} | {p_tau:.2f} | {rho:+.2f} | {p_rho:.2f} |"
 
 
+def horizon_rows() -> list[str]:
+    """The study at the paper's horizon (mnist5k/results_T500, make_tables.py --rounds 500) against Tables 1 and 2
+    and against the T = 30 study, over the methods whose every trial has ended (a sweep still running leaves
+    some out; n says how many)."""
+    if not (HERE / "mnist5k" / "results_T500").is_dir():
+        return []
+    out = ["", "## At the paper's horizon, T = 500 (mnist5k/results_T500)", "",
+           "| comparison | n | tau | p (tau) | rho | p (rho) |", "|---|---|---|---|---|---|"]
+    for omega, target in (("0.01", "45%"), ("0.1", "95%")):
+        path = HERE / "mnist5k" / "results_T500" / f"table_omega{omega}.md"
+        if not path.exists():
+            continue
+        rows, short = table(path), table(HERE / "mnist5k" / "results" / f"table_omega{omega}.md")
+        top = {r["method"]: number(r["top accuracy (%)"]) for r in rows}
+        rounds = {r["method"]: number(r[f"rounds to {target}"]) for r in rows}
+        paper_top = {r["method"]: number(r["paper: top accuracy (%)"]) for r in rows}
+        paper_rounds = {r["method"]: number(r[f"paper: rounds to {target}"]) for r in rows}
+        top_30 = {r["method"]: number(r["top accuracy (%)"]) for r in short}
+        for label, ours, theirs in ((f"top accuracy vs Table 1 (MNIST, S = 10, ω = {omega})", top, paper_top),
+                                    (f"rounds to {target} vs Table 2", rounds, paper_rounds),
+                                    ("top accuracy vs the T = 30 study's", top, top_30)):
+            if sum(1 for name in ours if ours[name] is not None and theirs.get(name) is not None) >= 2:
+                out.append(row(f"mnist5k ω = {omega}, T = 500: {label}", ours, theirs))
+            else:
+                out.append(f"| mnist5k ω = {omega}, T = 500: {label} | fewer than 2 methods finished | | | | |")
+    return out
+
+
 def main() -> None:
     out = ["# Rank agreement with GradMA's Table 1 and Table 2 (arXiv:2302.14307)", "",
            f"Written by `{Path(__file__).name}` from the committed tables. tau: Kendall's tau-b, rho: Spearman's "
@@ -133,6 +162,7 @@ def main() -> None:
             "", "## W → B pairs: the same local method with FedAvgM's server momentum (top accuracy, points)", "",
             "| ω | pair | gain here per seed (0, 1, 2) | gain here, means | gain, Table 1 |",
             "|---|---|---|---|---|", *pairs]
+    out += horizon_rows()
     (HERE / "rank_agreement.md").write_text("\n".join(out) + "\n")
     print("\n".join(out))
 

@@ -6,6 +6,12 @@ whole grid's seed means; and `rayfed report` (ddof = 1, plots) on the selected r
 ../rank_agreement.py, whose Kendall's tau and Spearman's rho against Tables 1 and 2 read these tables.
 
     python experiments/gradma/mnist5k/make_tables.py --sweeps sweeps/mnist5k --results experiments/gradma/mnist5k/results
+
+The same study at the paper's horizon (run_study.sh SWEEPS train.rounds=500) is tabulated with --rounds 500, into
+its own results directory; a sweep not yet finished gives the rows of its finished trials:
+
+    python experiments/gradma/mnist5k/make_tables.py --rounds 500 --sweeps sweeps/mnist5k_T500 \
+        --results experiments/gradma/mnist5k/results_T500
 """
 from __future__ import annotations
 
@@ -20,15 +26,17 @@ from pathlib import Path
 import numpy as np
 
 from rayfed.metrics import read_summary, run_status
+from rayfed.report.runs import ENDED_STATUSES
 from rayfed.sweep.select import select
 from rayfed.sweep.spec import read_sweep
 
 HERE = Path(__file__).parent
 GROUPS = ("a", "b", "gradma", "feddyn")
 OMEGAS = ("0.01", "0.1")
-# Targets of "rounds to target" for the scaled T = 30 (the paper's: 45% at omega = 0.01, 95% at 0.1):
-# the first is the one `rayfed report` gets.
-TARGETS = {"0.01": (0.45, 0.50), "0.1": (0.85, 0.88)}
+# Targets of "rounds to target" per horizon T and omega; the first is the one `rayfed report` gets. The paper's
+# (T = 500) are 45% at omega = 0.01 and 95% at 0.1; the scaled T = 30 uses lower ones at omega = 0.1.
+TARGETS = {30: {"0.01": (0.45, 0.50), "0.1": (0.85, 0.88)},
+           500: {"0.01": (0.45, 0.50), "0.1": (0.95, 0.90)}}
 # The paper's rows in its order, with its W/S/B groups, and its MNIST / MLP, S = 10 numbers:
 # Table 1 top accuracy at omega = 0.1 and 0.01, Table 2 rounds to 95% (omega = 0.1) and 45% (0.01).
 PAPER = [
@@ -62,13 +70,15 @@ def first_round(mean_curve: np.ndarray, target: float) -> int | None:
     return int(hits[0]) + 1 if len(hits) else None     # eval_every = 1: index i is round i + 1
 
 
-def study(sweeps: Path, omega: str):
-    """Per algorithm: the selected setting and its runs; and every grid point's seed results."""
-    selected, grid = {}, []
+def study(sweeps: Path, omega: str, rounds: int):
+    """Per algorithm: the selected setting and its runs, every grid point's seed results, and how many of its
+    trials have ended (a sweep still running selects among fewer settings: its rows are left out)."""
+    selected, grid, progress = {}, [], {}
     for group in GROUPS:
         sweep_dir = sweeps / f"{group}_omega{omega}"
         with tempfile.TemporaryDirectory() as scratch:
-            sweep = read_sweep(str(HERE / f"sweep_{group}_omega{omega}.yaml"), [], Path(scratch) / "base.yaml")
+            sweep = read_sweep(str(HERE / f"sweep_{group}_omega{omega}.yaml"), [f"train.rounds={rounds}"],
+                               Path(scratch) / "base.yaml")
         for row in select(sweep, sweep_dir / "trials", "best_test_accuracy", ["algorithm.name"]):
             selected[row["group"]["algorithm.name"]] = row
         points: dict[tuple, list] = {}
@@ -78,9 +88,12 @@ def study(sweeps: Path, omega: str):
             key = (config.algorithm.name, config.algorithm.lr_local, lr_global)
             summary = read_summary(sweep_dir / "trials" / trial.name)
             points.setdefault(key, []).append((trial, summary))
+            done, total = progress.get(config.algorithm.name, (0, 0))
+            ended = summary is not None and run_status(summary) in ENDED_STATUSES
+            progress[config.algorithm.name] = (done + ended, total + 1)
         for key, runs in points.items():
             grid.append((key, runs, sweep_dir))
-    return selected, grid
+    return selected, grid, progress
 
 
 def selected_runs(grid, name: str, setting: dict) -> list[Path]:
@@ -115,19 +128,23 @@ def main() -> None:
     parser.add_argument("--sweeps", default="sweeps/mnist5k")
     parser.add_argument("--results", default=str(HERE / "results"))
     parser.add_argument("--omegas", nargs="+", default=list(OMEGAS))
+    parser.add_argument("--rounds", type=int, choices=sorted(TARGETS), default=30,
+                        help="the horizon T the sweeps ran at (run_study.sh's train.rounds override)")
     args = parser.parse_args()
     sweeps, results = Path(args.sweeps), Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     for omega in args.omegas:
-        targets = TARGETS[omega]
+        targets = TARGETS[args.rounds][omega]
         paper_acc, paper_rounds = (3, 5) if omega == "0.1" else (4, 6)
         paper_target = "95%" if omega == "0.1" else "45%"
-        selected, grid = study(sweeps, omega)
+        selected, grid, progress = study(sweeps, omega, args.rounds)
         for group in GROUPS:
-            shutil.copy(sweeps / f"{group}_omega{omega}" / "selection.md", results / f"selection_{group}_omega{omega}.md")
-        lines = [f"# omega = {omega}: selected settings (T = 30, 5,000-image sample of MNIST)", "",
+            if (sweeps / f"{group}_omega{omega}" / "selection.md").exists():
+                shutil.copy(sweeps / f"{group}_omega{omega}" / "selection.md",
+                            results / f"selection_{group}_omega{omega}.md")
+        lines = [f"# omega = {omega}: selected settings (T = {args.rounds}, 5,000-image sample of MNIST)", "",
                  "Top test accuracy: mean ± std (ddof = 0) over seeds 0-2 of each seed's best round; rounds to "
-                 "x%: first round whose seed-mean test accuracy is ≥ x% (— : not within the 30 rounds). Paper: "
+                 f"x%: first round whose seed-mean test accuracy is ≥ x% (— : not within the {args.rounds} rounds). Paper: "
                  f"GradMA Table 1 (top accuracy) and Table 2 (rounds to {paper_target}), MNIST / MLP, S = 10, "
                  "T = 500.", "",
                  "| group | method | top accuracy (%) | per seed | (η_l, η_g) | "
@@ -137,9 +154,10 @@ def main() -> None:
         report_dirs = []
         for name, label, group, *paper in PAPER:
             row = selected.get(name)
-            if row is None:
-                lines.append(f"| {group} | {label} | no finished trial | | | {'| ' * len(targets)}| {paper[paper_acc - 3]} | "
-                             f"{paper[paper_rounds - 3]} |")
+            done, total = progress.get(name, (0, 0))
+            if row is None or done < total:
+                lines.append(f"| {group} | {label} | not run: {done} of {total} trials ended | | | {'| ' * len(targets)}| "
+                             f"{paper[paper_acc - 3]} | {paper[paper_rounds - 3]} |")
                 continue
             runs = selected_runs(grid, name, row["setting"])
             report_dirs += runs
@@ -182,11 +200,14 @@ def main() -> None:
             grid_lines.append(f"| {label} | " + " | ".join(cells) + " |")
         grid_lines += ["", "FedDyn has no η_g; its three η_l are shown in the η_g = 1 column."]
         (results / f"grid_omega{omega}.md").write_text("\n".join(grid_lines) + "\n")
-        report(report_dirs, targets[0], results / f"report_omega{omega}")
+        if report_dirs:
+            report(report_dirs, targets[0], results / f"report_omega{omega}")
         for group in "WSB":      # the paper's groups, each with GradMA for reference
             names = {name for name, _, g, *_ in PAPER if g == group} | {"gradma"}
             runs = [run for run in report_dirs if any(f"algorithm.name={name}__" in run.name for name in names)]
-            report(runs, targets[0], results / f"report_omega{omega}_{group}", keep=("report.md", "test_accuracy.png"))
+            if runs:
+                report(runs, targets[0], results / f"report_omega{omega}_{group}",
+                       keep=("report.md", "test_accuracy.png"))
         print((results / f"table_omega{omega}.md").read_text())
     if results.resolve() == (HERE / "results").resolve():     # where rank_agreement.py reads the tables
         subprocess.run([sys.executable, str(HERE.parent / "rank_agreement.py")], check=True)

