@@ -8,6 +8,8 @@ from rayfed.algorithms import (Algorithm, AlgorithmContext, AlgorithmParams, Cli
                                register_algorithm)
 from rayfed.algorithms.base import ClientStates, client_rows, local_descent, local_sgd, per_client, weighted_average
 from rayfed.algorithms.objective import Linear, LocalObjective, Proximal
+from rayfed.adversary import Attack, register_attack
+from rayfed.aggregation import register_rule
 from rayfed.api import Result, release_actors, resume, run
 from rayfed.callbacks import Callback, RunView, Stop, register_callback
 from rayfed.compression import register_compressor
@@ -18,11 +20,11 @@ from rayfed.errors import ConfigError, RunFinished, RunStopped
 from rayfed.models import ModelForward, register_model, with_structure
 from rayfed.selection import Selection, SelectionRequest, register_selector
 
-__all__ = ["Algorithm", "AlgorithmContext", "AlgorithmParams", "Callback", "ClientStates", "ClientTask", "Config",
+__all__ = ["Algorithm", "AlgorithmContext", "AlgorithmParams", "Attack", "Callback", "ClientStates", "ClientTask", "Config",
            "ConfigError", "Dataset", "Linear", "LocalObjective", "ModelForward", "Partition", "PartitionRequest",
            "Proximal", "Result", "RoundInfo", "RunFacts", "RunFinished", "RunStopped", "RunView", "Selection",
            "SelectionRequest", "Stop", "Upload", "client_rows", "load_config", "local_descent", "local_sgd",
-           "per_client", "register_algorithm", "register_callback", "register_compressor", "register_dataset",
-           "register_model", "register_partitioner", "register_selector", "release_actors", "resume", "run",
-           "weighted_average", "with_structure"]
+           "per_client", "register_algorithm", "register_attack", "register_callback", "register_compressor",
+           "register_dataset", "register_model", "register_partitioner", "register_rule", "register_selector",
+           "release_actors", "resume", "run", "weighted_average", "with_structure"]
 __version__ = "0.1.0"

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rayfed.aggregation import build_rule
 from rayfed.algorithms.base import FLOAT32_BYTES, AlgorithmContext, build_algorithm
 from rayfed.checkpoint import CHECKPOINT, ENGINE_CLASSES, Checkpoint, client_table_sha256, content_sha256
 from rayfed.config import Config
@@ -68,10 +69,16 @@ class Declared:
         clock = SystemsClock(config.train, config.systems.idle_wait_s, client_systems, 0)
         # As Server.snapshot lays a snapshot out; the selector's parts are its own to check.
         self.server = {"state": self.algorithm.server_init(model.params, self.num_clients), "buffers": model.buffers,
+                       **({"rule_state": {}} if _stateful_rule(config) else {}),
                        **clock.snapshot(), "client_order": None, "warmup_summary": None, "bits_totals": [0, 0]}
         self.client_classes = {qualified(cls): cls for cls in self.algorithm.state_classes
                                if not _holds_class(self.server["state"], cls)}
         self.sampler = ClientSampler(config.selection, config.seed, client_systems.client_sizes)
+
+
+def _stateful_rule(config: Config) -> bool:
+    rule = build_rule(config.aggregation)
+    return rule is not None and rule.stateful
 
 
 def check_content(run_dir: Path, checkpoint: Checkpoint, declared: Declared) -> None:

@@ -22,7 +22,8 @@ from rayfed.algorithms.params import AlgorithmParams, common_keys
 from rayfed.errors import ConfigError, show
 from rayfed.fields import MAX_COEFFICIENT, Flag, Names, allowed_values, count, number, read_float
 from rayfed.input_files import parse_yaml, read_yaml
-from rayfed.registry import ALGORITHMS, COMPRESSORS, DATASETS, MODELS, PARTITIONERS, SELECTORS, Registry, did_you_mean
+from rayfed.registry import (AGGREGATION_RULES, ALGORITHMS, ATTACKS, COMPRESSORS, DATASETS, MODELS, PARTITIONERS,
+                             SELECTORS, Registry, did_you_mean)
 
 BACKENDS = ("local", "ray")
 PLACEMENTS = ("default", "spread")
@@ -50,6 +51,8 @@ INTERVAL_DEFAULTS = {"interval_k_init": 4, "interval_k_alpha": 2.0, "interval_ro
 MAX_QSGD_LEVELS = 32767
 MAX_CODE_BITS = 16
 MAX_ZERO_POINT_NOISE = 2 ** 15
+MAX_RULE_ITERATIONS = 10**6
+MAX_ADVERSARIES = 10**7
 
 # CACS's warm-up (FedMoS, Wang et al., INFOCOM 2023, Sec. IV-C): T_e = 4 rounds with every client, K = M clusters, then
 # training restarts from the initial model.
@@ -465,6 +468,49 @@ class CompressionConfig(_Section):
     Algorithm 2; it breaks Σ_j δ_j = 0). Dense operators only."""
 
 
+class AggregationConfig(_Section):
+    """How the server combines the round's uploads before the algorithm's server step reads them."""
+
+    rule: registered(AGGREGATION_RULES) = "mean"
+    """`mean` (the algorithm's own weighted average), or a robust rule that replaces it for every upload the server
+    step averages (see Robustness): `median`, `trimmed_mean`, `krum`, `multi_krum`, `geometric_median`,
+    `centered_clipping`; for algorithms whose server step reads the uploads only through their average."""
+    # Each rule's own keys (None: not set; the defaults its registration declares, or required).
+    num_byzantine: Optional[count(ge=0)] = None
+    """`trimmed_mean`, `krum`, `multi_krum`: f, the Byzantine inputs the rule is built to tolerate (trimmed at each
+    end; Krum's n − f − 2 neighbours). Required by those rules."""
+    multi_krum_m: Optional[count(gt=0)] = None
+    """`multi_krum`: m, the uploads of lowest score averaged (default n − f)."""
+    iterations: Optional[count(gt=0, le=MAX_RULE_ITERATIONS)] = None
+    """`geometric_median`: the most Weiszfeld steps (default 100); `centered_clipping`: its L (default 1)."""
+    tolerance: Optional[number(ge=0.0, le=1.0)] = None
+    """`geometric_median`: stop once a step improves the objective by at most this fraction of it (default 1e-6)."""
+    smoothing: Optional[number(gt=0.0, le=MAX_COEFFICIENT)] = None
+    """`geometric_median`: ν, the least distance a Weiszfeld weight divides by (default 1e-6)."""
+    clip_radius: Optional[number(gt=0.0, le=MAX_COEFFICIENT)] = None
+    """`centered_clipping`: τ, the L2 radius around the previous aggregate. Required by that rule."""
+    bucket_size: count(gt=0) = 1
+    """s: with s > 1 the rule combines the means of ⌈n / s⌉ random buckets of s uploads instead of the uploads
+    (bucketing, Karimireddy et al., ICLR 2022), the permutation drawn once a round from the run's seed."""
+
+
+class AdversaryConfig(_Section):
+    """Byzantine clients: who they are and how they attack."""
+
+    attack: registered(ATTACKS) = "none"
+    """`none`, or what the adversaries do (see Robustness): `sign_flip`, `gaussian`, `label_flip`, `alie`, `ipm`."""
+    fraction: Optional[number(ge=0.0, le=1.0)] = None
+    """The adversaries as a fraction of N: round(fraction N) clients drawn once from the run's seed; or `clients`."""
+    clients: Annotated[list[count(ge=0)], Field(strict=True, max_length=MAX_ADVERSARIES)] = Field(default_factory=list)
+    """The adversaries by client id, instead of `fraction`."""
+    noise_std: Optional[number(gt=0.0, le=MAX_COEFFICIENT)] = None
+    """`gaussian`: σ of the noise sent (default 200, Xie et al.'s)."""
+    alie_z: Optional[number(ge=-MAX_COEFFICIENT, le=MAX_COEFFICIENT)] = None
+    """`alie`: z of μ + zσ (default: the paper's z_max from the round's n and m)."""
+    ipm_epsilon: Optional[number(gt=0.0, le=MAX_COEFFICIENT)] = None
+    """`ipm`: ε of −ε times the honest mean (default 0.1)."""
+
+
 # A callback as `logging.callbacks` names it: a registered name or an importable `module.Class`,
 # alone or as {name: ..., other keys: the constructor's keyword arguments}.
 _CallbackEntry = Union[Annotated[str, Field(strict=True)], dict[Annotated[str, Field(strict=True)], Any]]
@@ -531,6 +577,8 @@ class Config(_Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
     compression: CompressionConfig = Field(default_factory=CompressionConfig)
+    aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
+    adversary: AdversaryConfig = Field(default_factory=AdversaryConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @model_validator(mode="before")

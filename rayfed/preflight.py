@@ -12,11 +12,16 @@ Its order is what makes a component's declared defaults the run's, by constructi
 5. the world: the dataset's files, the model built, the availability walk, memory, the trackers.
 Each problem is one line (ConfigError, exit code 2)."""
 import functools
+import math
 import os
 import re
 
 import numpy as np
+import torch
 
+from rayfed.adversary import ATTACK_KEYS
+from rayfed.aggregation import REQUIRED, RULE_KEYS, build_rule
+from rayfed.aggregation.base import TooFewInputs
 from rayfed.algorithms.local_training import LocalSchedule
 from rayfed.algorithms.params import RunFacts
 from rayfed.callbacks.registry import check_logging
@@ -29,7 +34,7 @@ from rayfed.errors import ConfigError, show
 from rayfed.faults import SERVER, parse_fault
 from rayfed.fields import format_number
 from rayfed.plugins import load_plugins
-from rayfed.registry import ALGORITHMS, COMPRESSORS, DATASETS, PARTITIONERS, SELECTORS
+from rayfed.registry import AGGREGATION_RULES, ALGORITHMS, ATTACKS, COMPRESSORS, DATASETS, PARTITIONERS, SELECTORS
 from rayfed.resources import check_availability_walk, check_memory, check_model, has_batchnorm
 
 _LINE_BREAK = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
@@ -158,6 +163,8 @@ def _check_combinations(config: Config) -> None:
     _resolve_interval(train)
     _check_selection(config)
     _resolve_compression(config)
+    _resolve_aggregation(config)
+    _resolve_adversary(config)
     if data.normalize != "channel" and not DATASETS.get(data.dataset).normalizable:
         normalizable = [entry.name for entry in DATASETS.entries() if entry.normalizable]
         raise ConfigError(f"data.normalize={data.normalize} applies to the torchvision image datasets "
@@ -237,15 +244,93 @@ def _check_selection(config: Config) -> None:
                           f"sum to 1 only on average, and {algorithm} averages models, not updates")
 
 
+def _component_keys(section, section_name: str, chosen: str, registry, keys: tuple[str, ...]) -> dict:
+    """The keys the chosen component of `registry` declares, checked: any other key of `keys` set is
+    refused naming the components that take it. Returns its declared defaults."""
+    takes = registry.get(chosen).keys
+    for key in keys:
+        if key not in takes and getattr(section, key) is not None:
+            users = [entry.name for entry in registry.entries() if key in entry.keys]
+            raise ConfigError(f"{section_name}.{key} only applies to {registry.key}={' or '.join(users)}")
+    return takes
+
+
+def _resolve_aggregation(config: Config) -> None:
+    """A rule other than mean replaces the weighted average the server step reads; what needs that
+    average weighted, or each upload, or only their sums, is refused."""
+    aggregation = config.aggregation
+    rule = aggregation.rule
+    for key, default in _component_keys(aggregation, "aggregation", rule, AGGREGATION_RULES, RULE_KEYS).items():
+        if getattr(aggregation, key) is None and default == REQUIRED:
+            raise ConfigError(f"aggregation.rule={rule} needs aggregation.{key}")
+        if getattr(aggregation, key) is None:
+            setattr(aggregation, key, default)
+    if build_rule(aggregation) is None:
+        if aggregation.bucket_size != 1:
+            raise ConfigError(f"aggregation.bucket_size={aggregation.bucket_size} needs a robust aggregation.rule: "
+                              f"the mean of bucket means is the mean")
+        return
+    name = config.algorithm.name
+    if not _algorithm_class(config).linear_uploads:
+        raise ConfigError(f"aggregation.rule={rule} does not apply to {name}, whose server step reads each client's "
+                          f"upload, not only their average (it applies to: "
+                          f"{', '.join(_algorithms_that(lambda cls: cls.linear_uploads))})")
+    refused = [(config.engine.partial_sums, "engine.partial_sums (the server would see only the sums)"),
+               (config.algorithm.agg_weighting != "uniform",
+                f"algorithm.agg_weighting={config.algorithm.agg_weighting} (the rule weighs every upload alike)"),
+               (config.selection.selector != "uniform",
+                f"selection.selector={config.selection.selector} (its per-client weights)"),
+               (config.train.staleness_weight != "none",
+                f"train.staleness_weight={config.train.staleness_weight} (per-client weights)")]
+    for refuse, what in refused:
+        if refuse:
+            raise ConfigError(f"aggregation.rule={rule} does not apply with {what}")
+    if config.train.round_policy == "sync":
+        inputs = math.ceil(min(config.train.clients_per_round, config.data.num_clients) / aggregation.bucket_size)
+        try:
+            build_rule(aggregation)(torch.zeros(inputs, 1), None)
+        except TooFewInputs as error:
+            raise ConfigError(f"aggregation.rule={rule} needs at least {error.needed} inputs a round ({error.why}), "
+                              f"but train.clients_per_round={config.train.clients_per_round} with "
+                              f"aggregation.bucket_size={aggregation.bucket_size} gives it {inputs}") from None
+
+
+def _resolve_adversary(config: Config) -> None:
+    adversary = config.adversary
+    attack = adversary.attack
+    for key, default in _component_keys(adversary, "adversary", attack, ATTACKS, ATTACK_KEYS).items():
+        if getattr(adversary, key) is None:
+            setattr(adversary, key, default)
+    if attack == "none":
+        if adversary.fraction is not None or adversary.clients:
+            raise ConfigError("adversary.fraction and adversary.clients need an adversary.attack other than none")
+        return
+    if (adversary.fraction is None) == (not adversary.clients):
+        raise ConfigError(f"adversary.attack={attack} needs the adversaries: adversary.fraction or "
+                          f"adversary.clients (one of the two)")
+    num_clients = config.data.num_clients
+    outside = [client for client in adversary.clients if client >= num_clients]
+    if outside:
+        raise ConfigError(f"adversary.clients names client {outside[0]}, but data.num_clients={num_clients} "
+                          f"(ids 0 to {num_clients - 1})")
+    refused = [(config.engine.partial_sums, "engine.partial_sums (the server would see only the sums)"),
+               (config.compression.name != "identity",
+                f"compression.name={config.compression.name} (an attack replaces the decoded upload, which a "
+                f"compressed message would not carry)"),
+               (_algorithm_class(config).replies,
+                f"algorithm.name={config.algorithm.name} (its clients' state follows the upload they computed, not "
+                f"the one the server got)")]
+    for refuse, what in refused:
+        if refuse:
+            raise ConfigError(f"adversary.attack={attack} does not apply with {what}")
+
+
 def _resolve_compression(config: Config) -> None:
     """Fills the chosen compressor's defaults; a key of another operator is an error, as is a
     compressor for an algorithm whose upload it cannot carry."""
     compression = config.compression
-    takes = COMPRESSORS.get(compression.name).keys
-    for key in ("levels", "kept", "ratio", "bits", "zero_point_noise"):
-        if key not in takes and getattr(compression, key) is not None:
-            users = [entry.name for entry in COMPRESSORS.entries() if key in entry.keys]
-            raise ConfigError(f"compression.{key} only applies to compression.name={' or '.join(users)}")
+    takes = _component_keys(compression, "compression", compression.name, COMPRESSORS,
+                            ("levels", "kept", "ratio", "bits", "zero_point_noise"))
     if compression.kept is not None and compression.ratio is not None:
         raise ConfigError("compression.kept and compression.ratio both give a sparsifier's k: set one")
     for key, default in takes.items():

@@ -1,5 +1,5 @@
 """The registries of components: algorithms, models, datasets, partitioners, selectors,
-compressors and callbacks, each a name -> entry table filled by decorators.
+compressors, callbacks, aggregation rules and attacks, each a name -> entry table filled by decorators.
 
 rayfed's own components register themselves the way a researcher's plugin does
 (`rayfed.register_algorithm("name", params=...)` on a builder); nothing else lists them. The
@@ -117,6 +117,23 @@ class Registry:
         self._entries.pop(name, None)
 
 
+def keyed_builder(registry: Registry, name: str, keys: dict[str, Any] | None, section: str,
+                  allowed: tuple[str, ...], returns: str) -> Callable[[Any], Any]:
+    """The decorator that registers a builder `(section) -> component` under `name`, declaring the
+    keys of `section` it takes (of `allowed`) with their defaults: register_rule's and register_attack's."""
+    keys = dict(keys or {})
+    caller = f"register_{registry.key.split('.')[1]}({name!r})"
+    unknown = sorted(set(keys) - set(allowed))
+    if unknown:
+        raise ConfigError(f"{caller}: keys {', '.join(unknown)} are not {section} keys (they are: {', '.join(allowed)})")
+
+    def decorate(builder):
+        if not callable(builder):
+            raise ConfigError(f"{caller} takes a function ({section} section) -> {returns}")
+        return registry.register(name, keys=keys)(builder)
+    return decorate
+
+
 def plugin_source(module_name: str) -> str:
     """A module's name, or for a plugin file imported by rayfed.plugins, the file's path."""
     module = sys.modules.get(module_name)
@@ -143,8 +160,10 @@ PARTITIONERS = Registry("partitioner", "data.partition")
 SELECTORS = Registry("selector", "selection.selector")
 COMPRESSORS = Registry("compressor", "compression.name")
 CALLBACKS = Registry("callback", "logging.callbacks")
+AGGREGATION_RULES = Registry("aggregation rule", "aggregation.rule")
+ATTACKS = Registry("attack", "adversary.attack")
 REGISTRIES = {registry.kind: registry for registry in (ALGORITHMS, MODELS, DATASETS, PARTITIONERS, SELECTORS,
-                                                        COMPRESSORS, CALLBACKS)}
+                                                        COMPRESSORS, CALLBACKS, AGGREGATION_RULES, ATTACKS)}
 
 
 def plugin_entries() -> list[Entry]:

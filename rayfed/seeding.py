@@ -26,6 +26,9 @@ class Purpose(IntEnum):
     GRADIENT_SIMILARITY = 13
     FEMNIST_WRITERS = 14
     COMPRESSION_DOWNLINK = 15
+    BUCKETS = 16
+    ADVERSARIES = 17
+    ATTACK = 18
 
 
 def derive_seed(seed: int, purpose: Purpose, round: int = 0, client_id: int = 0) -> int:

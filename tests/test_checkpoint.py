@@ -48,6 +48,9 @@ def interrupted(tmp_path, overrides, monkeypatch, fail_at_round=5, name="interru
      "selection.cacs_warmup_rounds=2", "selection.cacs_clusters=3"],
     ["engine.backend=local", "algorithm.name=fedcomgate", "compression.name=top_k", "algorithm.memory=true"],
     ["engine.backend=local", "algorithm.name=scaffold"],
+    # A stateful aggregation rule (its last aggregate), bucketing's and an attack's draws.
+    ["engine.backend=local", "aggregation.rule=centered_clipping", "aggregation.clip_radius=0.5",
+     "aggregation.bucket_size=2", "adversary.attack=gaussian", "adversary.fraction=0.2", "adversary.noise_std=1.0"],
     ["engine.backend=local", "algorithm.name=fedavg", "train.round_policy=async_buffered", "train.buffer_size=4",
      "train.concurrency=9", "systems.step_time_spread=1.0", "train.staleness_weight=sqrt"],
 ])

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from rayfed.algorithms.objective import LocalObjective, OutputLoss
 from rayfed.algorithms.params import AlgorithmParams
-from rayfed.algorithms.summed_uploads import SummedUploads
+from rayfed.algorithms.summed_uploads import CombinedUploads
 from rayfed.errors import ConfigError
 from rayfed.models.flat import FlatModel
 from rayfed.models.forward import ModelForward
@@ -356,12 +356,13 @@ def check_state_declared(algorithm: Algorithm, name: str, state: Any, role: str)
                           f"state_classes do not list ({declared}); add it there, so checkpoints can hold it")
 
 
-def weighted_average(uploads: dict[int, Upload] | SummedUploads, name: str, weighting: str,
+def weighted_average(uploads: dict[int, Upload] | CombinedUploads, name: str, weighting: str,
                      weights: dict[int, float] | None = None) -> Tensor:
     """sum_i w_i * uploads[i].tensors[name] in client-id order; w_i = the selector's `weights` when
     given, else 1/S or n_i / sum_j n_j. Under engine.partial_sums `uploads` is their exact sum
-    (SummedUploads), divided by S or sum_j n_j once."""
-    if isinstance(uploads, SummedUploads):
+    (SummedUploads), divided by S or sum_j n_j once; under an aggregation.rule other than mean, the
+    rule's output (rayfed.aggregation.RobustUploads)."""
+    if isinstance(uploads, CombinedUploads):
         return uploads.average(name, weighting, weights)
     total = torch.zeros_like(next(iter(uploads.values())).tensors[name])
     if weights is not None:

@@ -1,6 +1,7 @@
-"""The uploads of a round as their exact sums (engine.partial_sums): what the server step of an
-algorithm that declares `linear_uploads` receives in place of the dict of uploads. Only
-`weighted_average` reads it; any other use is an error that names the declaration."""
+"""The uploads of a round already combined, which the server step of an algorithm that declares
+`linear_uploads` receives in place of the dict of uploads: their exact sums (engine.partial_sums),
+or the aggregation rule's outputs (aggregation.rule, rayfed.aggregation). Only `weighted_average`
+reads them; any other use is an error that names the declaration."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,8 +11,25 @@ from torch import Tensor
 from rayfed.exact_sum import ExactSum
 
 
+class CombinedUploads:
+    """The round's uploads as one vector per upload name; `average` is weighted_average's answer."""
+
+    # What combined them and what the server holds, for messages.
+    reason = "engine.partial_sums"
+    holds = "the sum of the round's uploads"
+
+    def average(self, name: str, weighting: str, weights: dict[int, float] | None) -> Tensor:
+        raise NotImplementedError
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError(f"{self.reason}: the server holds {self.holds}, not each one; an algorithm with "
+                        f"linear_uploads = True may read them only through weighted_average")
+
+    __getitem__ = __iter__ = __len__ = __contains__ = keys = values = items = get = _refuse
+
+
 @dataclass
-class SummedUploads:
+class SummedUploads(CombinedUploads):
     """sum_i w_i x_i for each upload name over the round's counted clients, exactly (rayfed.exact_sum),
     with w_i = n_i (`weighting` "num_samples") or 1 ("uniform"), and the count it is divided by."""
 
@@ -31,9 +49,3 @@ class SummedUploads:
             raise KeyError(f"engine.partial_sums: no upload named {name!r} (the clients uploaded "
                            f"{', '.join(map(repr, self.sums))})")
         return self.sums[name].mean(self.num_clients if weighting == "uniform" else self.num_samples)
-
-    def _refuse(self, *args, **kwargs):
-        raise TypeError("engine.partial_sums: the server holds the sum of the round's uploads, not each one; "
-                        "an algorithm with linear_uploads = True may read them only through weighted_average")
-
-    __getitem__ = __iter__ = __len__ = __contains__ = keys = values = items = get = _refuse

@@ -1,12 +1,15 @@
 """Aggregation: the algorithm's server side as a component of the round. It owns the algorithm's
 server state and the global model's BatchNorm buffers, says what is broadcast, folds the uploads
 that count into the state (Algorithm.server_step), and forms the reply of algorithms whose server
-answers the round's clients (FedGATE's tracking)."""
+answers the round's clients (FedGATE's tracking). With an aggregation rule other than mean
+(rayfed.aggregation) the server step reads the rule's outputs in place of the uploads' average; a
+stateful rule's state (its last outputs) is the aggregation's too."""
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+from rayfed.aggregation import build_rule, combine
 from rayfed.algorithms.base import Algorithm, RoundInfo, check_state_declared
 from rayfed.algorithms.summed_uploads import SummedUploads
 from rayfed.engine.messages import Broadcast, ClientRecord, ClientResult, WorkerSums
@@ -14,12 +17,20 @@ from rayfed.exact_sum import ExactSum
 
 
 class Aggregation:
-    def __init__(self, algorithm: Algorithm, name: str, params: Tensor, buffers: Tensor, num_clients: int):
+    def __init__(self, algorithm: Algorithm, name: str, params: Tensor, buffers: Tensor, num_clients: int,
+                 rules=None, seed: int = 0):
+        """`rules`: the aggregation section (None or rule=mean: the algorithm's own average); `seed`: the
+        run's, whose streams bucketing draws from."""
         self.algorithm = algorithm
         self.num_clients = num_clients
         self.state = algorithm.server_init(params.clone(), num_clients)
         check_state_declared(algorithm, name, self.state, "server")
         self.buffers = buffers.clone()
+        self.rule = None if rules is None else build_rule(rules)
+        self.rule_name = None if rules is None else rules.rule
+        self.bucket_size = 1 if rules is None else rules.bucket_size
+        self.seed = seed
+        self.rule_state: dict[str, Tensor] = {}
 
     def broadcast(self) -> Broadcast:
         """On the CPU: workers may have no GPU, and each moves it to its own device once per round."""
@@ -37,6 +48,10 @@ class Aggregation:
         the counted clients (`counted` then holds their records). Returns the algorithm's metrics and
         its reply (None when it does not reply)."""
         uploads = summed_uploads(summed, counted) if summed else {result.client_id: result.upload for result in counted}
+        if self.rule is not None:
+            uploads, self.rule_state = combine(self.rule, self.rule_name,
+                                               {client: upload.tensors for client, upload in uploads.items()},
+                                               self.rule_state, self.bucket_size, self.seed, round)
         self.state, metrics = self.algorithm.server_step(
             self.state, uploads,
             RoundInfo(round=round, sampled=tuple(order), num_clients=self.num_clients, weights=weights,
@@ -58,15 +73,20 @@ class Aggregation:
     def model_finite(self) -> bool:
         return bool(torch.isfinite(self.global_params()).all())
 
+    @property
+    def stateful_rule(self) -> bool:
+        return self.rule is not None and self.rule.stateful
+
     def snapshot(self) -> tuple:
-        return self.state, self.buffers
+        return self.state, self.buffers, self.rule_state
 
     def restore(self, snapshot: tuple) -> None:
-        self.state, self.buffers = snapshot
+        self.state, self.buffers, self.rule_state = snapshot
 
     def state_bytes(self) -> int:
         """Bytes of algorithm state the server holds (model included)."""
-        return self.algorithm.state_bytes(self.state) + self.buffers.numel() * self.buffers.element_size()
+        return (self.algorithm.state_bytes(self.state) + self.buffers.numel() * self.buffers.element_size()
+                + sum(tensor.numel() * tensor.element_size() for tensor in self.rule_state.values()))
 
 
 def weighted_buffers(results: list[ClientResult]) -> Tensor:

@@ -2,8 +2,8 @@
 its own config section:
 
     selection (who, with what weights)  ->  systems clock (whose uploads count, when the round ends)
-    ->  broadcast  ->  [the workers train]  ->  codec (decode, count bits)  ->  aggregation (the
-    algorithm's server step, its reply)  ->  evaluation
+    ->  broadcast  ->  [the workers train]  ->  codec (decode, count bits)  ->  adversaries (their
+    uploads replaced)  ->  aggregation (the rule, the algorithm's server step, its reply)  ->  evaluation
 
 Values pass between the steps explicitly: `sample` returns the round's plan, which the driver
 hands back to `step` with the workers' results. The server names the extensions its components
@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rayfed.adversary import Adversaries
 from rayfed.algorithms.base import AlgorithmContext, build_algorithm
 from rayfed.algorithms.local_training import LocalSchedule
 from rayfed.compression.codec import Codec, sent_bytes
@@ -71,7 +72,8 @@ class Server:
         self.client_sizes = client_systems.client_sizes
         self.sampler = ClientSampler(config.selection, config.seed, client_systems.client_sizes)
         self.aggregation = Aggregation(self.algorithm, config.algorithm.name, self.model.params,
-                                       self.model.buffers, self.num_clients)
+                                       self.model.buffers, self.num_clients, config.aggregation, config.seed)
+        self.adversaries = Adversaries.of(config)
         # Until an upload arrived, a client is expected to send the algorithm's count of floats and the buffers.
         float_bytes = self.model.params.element_size()
         self.clock = SystemsClock(config.train, config.systems.idle_wait_s, client_systems,
@@ -125,6 +127,8 @@ class Server:
         unpack_s = time.perf_counter() - started
         down_bytes = self.aggregation.broadcast().nbytes
         counted, order, extra = self.clock.settle(round, plan, trained, lost)
+        if self.adversaries is not None:
+            counted, extra["num_adversaries"] = self._attacked(round, counted)
         algorithm_metrics, reply, downlink = {}, None, None
         if counted:
             downlink = self.codec.downlink(round)
@@ -162,6 +166,11 @@ class Server:
         metrics["phase_s"] = _phases(plan, worker_results, step_started_at, stepped - started - unpack_s, unpack_s,
                                      time.perf_counter() - stepped)
         return metrics, None if reply is None else (reply, {r.client_id for r in counted})
+
+    def _attacked(self, round: int, counted: list) -> tuple[list, int]:
+        """The counted results with the adversaries' uploads replaced by their attack's, and how many there were."""
+        uploads, attackers = self.adversaries.corrupt(round, {result.client_id: result.upload for result in counted})
+        return [dataclasses.replace(result, upload=uploads[result.client_id]) for result in counted], attackers
 
     def step_and_plan_next(self, round: int, plan: RoundPlan, *worker_results: WorkerResult,
                            lost: list[int] = ()) -> tuple[tuple[dict, tuple | None, RoundPlan | None], Broadcast | None]:
@@ -272,14 +281,16 @@ class Server:
     def snapshot(self) -> dict:
         """The server's part of a checkpoint (see rayfed/checkpoint.py), on the CPU; in the middle of
         CACS's warm-up, the server as it was before it."""
-        state, buffers = self.before_warmup if self.before_warmup is not None else self.aggregation.snapshot()
-        return tensors_to({"state": state, "buffers": buffers, **self.clock.snapshot(),
+        state, buffers, rule_state = (self.before_warmup if self.before_warmup is not None
+                                      else self.aggregation.snapshot())
+        rule = {"rule_state": rule_state} if self.aggregation.stateful_rule else {}
+        return tensors_to({"state": state, "buffers": buffers, **rule, **self.clock.snapshot(),
                            "client_order": self.sampler.snapshot(), "warmup_summary": self.warmup_summary,
                            "bits_totals": list(self.codec.bits_totals)}, torch.device("cpu"))
 
     def restore(self, snapshot: dict) -> None:
         snapshot = tensors_to(snapshot, self.device)
-        self.aggregation.restore((snapshot["state"], snapshot["buffers"]))
+        self.aggregation.restore((snapshot["state"], snapshot["buffers"], snapshot.get("rule_state", {})))
         self.clock.restore(snapshot)
         self.sampler.restore(snapshot["client_order"])
         self.warmup_summary = snapshot["warmup_summary"]

@@ -284,7 +284,12 @@ class ClientBatchTask:
         else:
             # Each client augments only its own rows, from its own stream, as it would training alone.
             inputs = _padded_rows([client.inputs(r) for client, r in zip(self.client_tasks, rows)], length)
-        return inputs, task.train_y[padded], weights.to(torch.float32)     # float even for token inputs
+        if all(client.train_y is task.train_y for client in self.client_tasks):
+            labels = task.train_y[padded]
+        else:
+            # Some clients train on labels of their own (an attack's poisoned ones).
+            labels = torch.stack([client.train_y[row] for client, row in zip(self.client_tasks, padded)])
+        return inputs, labels, weights.to(torch.float32)     # float even for token inputs
 
     def loss_and_grad(self, params: Tensor, batch: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         lengths = _lengths(batch[2])

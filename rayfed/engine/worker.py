@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rayfed.adversary import Adversaries
 from rayfed.algorithms.base import Batch, Upload
 from rayfed.algorithms.local_training import LocalSchedule, TrainingTask
 from rayfed.algorithms.base import AlgorithmContext, ClientStates, build_algorithm, check_state_declared
@@ -172,6 +173,9 @@ class ClientWorker:
                                            config.model.hidden_sizes), self.device)
         context = AlgorithmContext.of_run(self.model, config.train, config.algorithm)
         self.algorithm = build_algorithm(config.algorithm, context)
+        # adversary.*: the clients whose labels an attack poisons (label flipping), with the number of classes.
+        self.adversaries = Adversaries.of(config)
+        self.num_classes = num_classes
         # compression.*: the algorithm's upload as it travels to the server.
         self.codec = Codec(config.compression, self.algorithm.compressed_upload, self.model.blocks,
                            self.model.num_params, config.seed)
@@ -308,6 +312,8 @@ class ClientWorker:
     def _client_task(self, round: int, client_id: int, seed: int, rows: ClientRows | None = None) -> ClientTask:
         """The client's task on its samples: `rows` when the round's clients were made together."""
         train_x, train_y, sample_indices = rows if rows is not None else self.clients.materialise([client_id])[0]
+        if self.adversaries is not None and self.adversaries.poisons(client_id):
+            train_y = self.adversaries.attack.labels(train_y, self.num_classes)
         augment = torch_generator(seed, Purpose.AUGMENT, round, client_id) if self.config.data.augment else None
         return ClientTask(self.model, train_x, train_y, sample_indices, self.config.train.batch_size,
                           torch_generator(seed, Purpose.BATCHES, round, client_id), augment)
