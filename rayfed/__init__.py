@@ -15,16 +15,17 @@ from rayfed.callbacks import Callback, RunView, Stop, register_callback
 from rayfed.compression import register_compressor
 from rayfed.config import Config
 from rayfed.preflight import load_config
+from rayfed.privacy import Mechanism, register_mechanism
 from rayfed.data import Dataset, Partition, PartitionRequest, register_dataset, register_partitioner
 from rayfed.errors import ConfigError, RunFinished, RunStopped
 from rayfed.models import ModelForward, register_model, with_structure
 from rayfed.selection import Selection, SelectionRequest, register_selector
 
-__all__ = ["Algorithm", "AlgorithmContext", "AlgorithmParams", "Attack", "Callback", "ClientStates", "ClientTask", "Config",
-           "ConfigError", "Dataset", "Linear", "LocalObjective", "ModelForward", "Partition", "PartitionRequest",
-           "Proximal", "Result", "RoundInfo", "RunFacts", "RunFinished", "RunStopped", "RunView", "Selection",
-           "SelectionRequest", "Stop", "Upload", "client_rows", "load_config", "local_descent", "local_sgd",
-           "per_client", "register_algorithm", "register_attack", "register_callback", "register_compressor",
-           "register_dataset", "register_model", "register_partitioner", "register_rule", "register_selector",
-           "release_actors", "resume", "run", "weighted_average", "with_structure"]
+__all__ = ["Algorithm", "AlgorithmContext", "AlgorithmParams", "Attack", "Callback", "ClientStates", "ClientTask",
+           "Config", "ConfigError", "Dataset", "Linear", "LocalObjective", "Mechanism", "ModelForward", "Partition",
+           "PartitionRequest", "Proximal", "Result", "RoundInfo", "RunFacts", "RunFinished", "RunStopped", "RunView",
+           "Selection", "SelectionRequest", "Stop", "Upload", "client_rows", "load_config", "local_descent",
+           "local_sgd", "per_client", "register_algorithm", "register_attack", "register_callback",
+           "register_compressor", "register_dataset", "register_mechanism", "register_model", "register_partitioner",
+           "register_rule", "register_selector", "release_actors", "resume", "run", "weighted_average", "with_structure"]
 __version__ = "0.1.0"

@@ -16,6 +16,7 @@ from torch import Tensor
 from rayfed.algorithms.local_training import LocalSchedule
 from rayfed.algorithms.base import AlgorithmContext, build_algorithm
 from rayfed.callbacks import Callback, ModelShape, build_configured, check_trackers, run_callbacks
+from rayfed.callbacks.privacy_budget import last_round_within
 from rayfed.callbacks.target import REACHED_TARGET, Target
 from rayfed.checkpoint import (CHECKPOINT, RESUME_MAY_CHANGE, Checkpoint, check_belongs_to, lines_before,
                                read_checkpoint)
@@ -325,6 +326,11 @@ def _check_not_ended(run_dir: Path, config: Config, extending: bool = False) -> 
         if (config.train.target_accuracy, config.train.target_loss) != (None, None) \
                 and target.on_round_end(None, record) is not None:
             raise RunFinished(f"{run_dir} reached its target in round {rounds}; nothing to resume")
+    if config.train.target_epsilon is not None and rounds < config.train.rounds:
+        last = last_round_within(config)[0]
+        if rounds >= last:
+            raise RunFinished(f"{run_dir} spent its privacy budget (train.target_epsilon={config.train.target_epsilon})"
+                              f" in round {last}; nothing to resume")
     if rounds >= config.train.rounds and extending:
         raise ConfigError(f"train.rounds={config.train.rounds} must be above the {rounds} rounds "
                           f"{run_dir / METRICS} records")

@@ -70,6 +70,7 @@ class Declared:
         # As Server.snapshot lays a snapshot out; the selector's parts are its own to check.
         self.server = {"state": self.algorithm.server_init(model.params, self.num_clients), "buffers": model.buffers,
                        **({"rule_state": {}} if _stateful_rule(config) else {}),
+                       **({"dp_clip_norm": 0.0} if config.privacy.adaptive_clipping else {}),
                        **clock.snapshot(), "client_order": None, "warmup_summary": None, "bits_totals": [0, 0]}
         self.client_classes = {qualified(cls): cls for cls in self.algorithm.state_classes
                                if not _holds_class(self.server["state"], cls)}

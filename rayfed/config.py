@@ -23,7 +23,7 @@ from rayfed.errors import ConfigError, show
 from rayfed.fields import MAX_COEFFICIENT, Flag, Names, allowed_values, count, number, read_float
 from rayfed.input_files import parse_yaml, read_yaml
 from rayfed.registry import (AGGREGATION_RULES, ALGORITHMS, ATTACKS, COMPRESSORS, DATASETS, MODELS, PARTITIONERS,
-                             SELECTORS, Registry, did_you_mean)
+                             PRIVACY_MECHANISMS, SELECTORS, Registry, did_you_mean)
 
 BACKENDS = ("local", "ray")
 PLACEMENTS = ("default", "spread")
@@ -41,6 +41,8 @@ INTERVAL_UNITS = ("epochs", "steps")
 AVAILABILITIES = ("always", "bernoulli", "markov", "trace")
 NORMALIZATIONS = ("channel", "half")
 UCS_VARIANTS = ("paper", "reference_code")
+PRIVACY_SCOPES = ("central", "local")
+PRIVACY_ACCOUNTANTS = ("rdp", "pld")
 # engine.cpu_isa: the x86 instruction sets ATen accepts as ATEN_CPU_CAPABILITY (rayfed.provenance applies them).
 CPU_ISAS = ("default", "avx2", "avx512")
 # The adaptive interval's defaults: FedLALR's (k_init, k_alpha) = (4, 2) setting (arXiv:2309.09719, Sec. V-D).
@@ -300,6 +302,9 @@ class TrainConfig(_Section):
     target_loss: Optional[number(gt=0.0)] = None
     """Stop at the first evaluated round whose test loss is at most this (with `train.target_accuracy` too: the first
     round that reaches both)."""
+    target_epsilon: Optional[number(gt=0.0, le=MAX_COEFFICIENT)] = None
+    """Stop before the round that would take the privacy spent (privacy.*) above this ε (status
+    `privacy_budget_spent`)."""
     max_sample_gradients: Optional[number(gt=0.0, le=1e30)] = 1e11
     """A bound on the run's work, in sample gradients (rounds x clients per round x local steps x samples a step,
     with CACS's warm-up): a config above it is refused before it starts (a typo of 10000000 local epochs would run for
@@ -420,7 +425,8 @@ class SelectionConfig(_Section):
 
     selector: registered(SELECTORS) = "uniform"
     """Whom the server trains each round, among the online clients (see Client selection): `uniform` (S uniformly
-    without replacement; the algorithm weights them), `md` (S draws ∝ sample counts, w = count/S), `acs` (FedMoS's
+    without replacement; the algorithm weights them), `poisson` (each with probability S/N_online; the algorithm
+    weights them), `md` (S draws ∝ sample counts, w = count/S), `acs` (FedMoS's
     Algorithm 2, w = count/S), `ucs` (S uniformly, w = (N_online/S) p_i), `cacs` (acs in the order of clusters of
     similar clients, after a warm-up)."""
     ucs_variant: Literal[UCS_VARIANTS] = "paper"
@@ -511,6 +517,39 @@ class AdversaryConfig(_Section):
     """`ipm`: ε of −ε times the honest mean (default 0.1)."""
 
 
+class PrivacyConfig(_Section):
+    """User-level differential privacy: each client's upload clipped, noise added, the privacy spent accounted."""
+
+    mechanism: registered(PRIVACY_MECHANISMS, "none") = "none"
+    """`none`, `gaussian` (L2 clipping, N(0, (zC)²) noise) or `laplace` (L1 clipping, Laplace(zC) noise); see Privacy."""
+    scope: Literal[PRIVACY_SCOPES] = "central"
+    """`central`: the server clips every upload and noises their sum once a round; `local`: each client clips and
+    noises its own upload before sending it."""
+    clip_norm: Optional[number(gt=0.0)] = None
+    """C, the norm each client's upload is clipped to (its initial value under adaptive clipping). Required."""
+    per_layer: Flag = False
+    """Clip each parameter tensor to C/√P (L1: C/P) over its P tensors instead of the whole upload to C."""
+    noise_multiplier: Optional[number(ge=0.0, le=MAX_COEFFICIENT)] = None
+    """z: the noise's scale over the sensitivity C; or set `target_epsilon`."""
+    target_epsilon: Optional[number(gt=0.0, le=MAX_COEFFICIENT)] = None
+    """Instead of `noise_multiplier`: the ε that train.rounds rounds should spend at `delta`; the run's z is solved
+    for before it starts (and recorded in its config.yaml as `noise_multiplier`)."""
+    delta: Optional[number(gt=0.0, lt=1.0)] = None
+    """δ of the (ε, δ) guarantee the accountant reports. Required."""
+    accountant: Literal[PRIVACY_ACCOUNTANTS] = "rdp"
+    """`rdp` (Rényi DP, ε every round) or `pld` (privacy loss distributions, tighter; ε at evaluated rounds, about a
+    second each), both Google's dp-accounting."""
+    adaptive_clipping: Flag = False
+    """Move C each round towards the `target_quantile` of the clients' update norms (Andrew et al., NeurIPS 2021),
+    paying for the count it learns out of z; central scope, whole-upload clipping."""
+    target_quantile: number(ge=0.0, le=1.0) = 0.5
+    """γ, the fraction of clients whose updates adaptive clipping aims to leave unclipped."""
+    clip_learning_rate: number(gt=0.0, le=MAX_COEFFICIENT) = 0.2
+    """η_C of adaptive clipping's geometric update C ← C·exp(−η_C (b̄ − γ))."""
+    clip_count_stddev: Optional[number(gt=0.0, le=MAX_COEFFICIENT)] = None
+    """σ_b, the noise on adaptive clipping's count of unclipped clients (default S/20, the paper's)."""
+
+
 # A callback as `logging.callbacks` names it: a registered name or an importable `module.Class`,
 # alone or as {name: ..., other keys: the constructor's keyword arguments}.
 _CallbackEntry = Union[Annotated[str, Field(strict=True)], dict[Annotated[str, Field(strict=True)], Any]]
@@ -579,6 +618,7 @@ class Config(_Section):
     compression: CompressionConfig = Field(default_factory=CompressionConfig)
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
     adversary: AdversaryConfig = Field(default_factory=AdversaryConfig)
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @model_validator(mode="before")

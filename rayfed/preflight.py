@@ -165,6 +165,7 @@ def _check_combinations(config: Config) -> None:
     _resolve_compression(config)
     _resolve_aggregation(config)
     _resolve_adversary(config)
+    _resolve_privacy(config)
     if data.normalize != "channel" and not DATASETS.get(data.dataset).normalizable:
         normalizable = [entry.name for entry in DATASETS.entries() if entry.normalizable]
         raise ConfigError(f"data.normalize={data.normalize} applies to the torchvision image datasets "
@@ -210,7 +211,7 @@ def _check_partial_sums(config: Config) -> None:
     if config.compression.name != "identity":
         raise ConfigError(f"engine.partial_sums needs compression.name=identity, not {config.compression.name}: "
                           f"compressed messages are decoded one by one on the server")
-    if config.selection.selector != "uniform":
+    if SELECTORS.get(config.selection.selector).weighted:
         raise ConfigError(f"engine.partial_sums needs selection.selector=uniform, not {config.selection.selector}: "
                           f"its per-client aggregation weights are not integers the workers can sum exactly")
     if config.train.round_policy == "async_buffered":
@@ -230,7 +231,7 @@ def _check_selection(config: Config) -> None:
             setattr(selection, key, config.train.clients_per_round if key == "cacs_clusters" else default)
     if selector != "ucs" and selection.ucs_variant != "paper":
         raise ConfigError("selection.ucs_variant only applies to selection.selector=ucs")
-    if selector == "uniform":
+    if not SELECTORS.get(selector).weighted:
         return
     if config.train.round_policy != "sync":
         raise ConfigError(f"selection.selector={selector} needs train.round_policy=sync: dropping or adding "
@@ -278,7 +279,7 @@ def _resolve_aggregation(config: Config) -> None:
     refused = [(config.engine.partial_sums, "engine.partial_sums (the server would see only the sums)"),
                (config.algorithm.agg_weighting != "uniform",
                 f"algorithm.agg_weighting={config.algorithm.agg_weighting} (the rule weighs every upload alike)"),
-               (config.selection.selector != "uniform",
+               (SELECTORS.get(config.selection.selector).weighted,
                 f"selection.selector={config.selection.selector} (its per-client weights)"),
                (config.train.staleness_weight != "none",
                 f"train.staleness_weight={config.train.staleness_weight} (per-client weights)")]
@@ -323,6 +324,83 @@ def _resolve_adversary(config: Config) -> None:
     for refuse, what in refused:
         if refuse:
             raise ConfigError(f"adversary.attack={attack} does not apply with {what}")
+
+
+def _resolve_privacy(config: Config) -> None:
+    """What differential privacy needs, checked, and z solved for when the section gives a target ε:
+    every refusal names what would leak or what the accountant would not describe."""
+    privacy, train = config.privacy, config.train
+    mechanism = privacy.mechanism
+    if mechanism == "none":
+        changed = [key for key in ("clip_norm", "noise_multiplier", "target_epsilon", "delta", "clip_count_stddev")
+                   if getattr(privacy, key) is not None]
+        if changed or privacy.adaptive_clipping or privacy.per_layer or privacy.scope != "central":
+            raise ConfigError(f"privacy.{(changed or ['adaptive_clipping'])[0]} needs a privacy.mechanism other than none")
+        if train.target_epsilon is not None:
+            raise ConfigError("train.target_epsilon needs a privacy.mechanism other than none")
+        return
+    for key in ("clip_norm", "delta"):
+        if getattr(privacy, key) is None:
+            raise ConfigError(f"privacy.mechanism={mechanism} needs privacy.{key}")
+    name, selector = config.algorithm.name, config.selection.selector
+    refused = [
+        (not _algorithm_class(config).linear_uploads,
+         f"algorithm.name={name}: its server step reads each client's upload, not only the noised average "
+         f"(it applies to: {', '.join(_algorithms_that(lambda cls: cls.linear_uploads))})"),
+        (config.aggregation.rule != "mean",
+         f"aggregation.rule={config.aggregation.rule}: the noise is calibrated to a sum's sensitivity, not the rule's"),
+        (selector not in ("uniform", "poisson"),
+         f"selection.selector={selector}: its draws or weights depend on the clients' data (sample counts, losses, "
+         f"gradients); use uniform or poisson"),
+        (config.algorithm.agg_weighting != "uniform",
+         f"algorithm.agg_weighting={config.algorithm.agg_weighting}: a client's weight would scale its sensitivity"),
+        (config.engine.partial_sums and privacy.scope == "central",
+         "engine.partial_sums: the workers would sum the uploads before the server clips them"),
+        (config.systems.availability != "always",
+         f"systems.availability={config.systems.availability}: who is online changes each client's chance of "
+         f"being sampled, which the accountant's event does not describe"),
+        (train.round_policy == "async_buffered",
+         "train.round_policy=async_buffered: uploads arrive across rounds, which no sampling event describes"),
+        (train.round_policy == "overcommit" and selector == "poisson",
+         "train.round_policy=overcommit with selection.selector=poisson: overcommit samples a count of clients"),
+        (privacy.adaptive_clipping and privacy.scope == "local",
+         "privacy.adaptive_clipping with privacy.scope=local: the clip norm is learnt from the server's noised count"),
+        (privacy.adaptive_clipping and privacy.per_layer,
+         "privacy.adaptive_clipping with privacy.per_layer: adaptive clipping learns one norm, of the whole upload"),
+    ]
+    for refuse, what in refused:
+        if refuse:
+            raise ConfigError(f"privacy.mechanism={mechanism} does not apply with {what}")
+    from rayfed.privacy import count_stddev, event_of
+    from rayfed.privacy.accountant import Accountant, calibrate, supported
+    if not supported(privacy.accountant, event_of(config, 1.0)):
+        other = "pld" if privacy.accountant == "rdp" else "rdp"
+        hint = (f"; privacy.accountant={other} has one" if supported(other, event_of(config, 1.0)) else
+                "; with selection.selector=poisson dp-accounting's pld accountant has one" if mechanism == "laplace"
+                else "")
+        raise ConfigError(f"privacy.accountant={privacy.accountant} has no account of privacy.mechanism={mechanism} "
+                          f"with selection.selector={selector} (privacy.scope={privacy.scope}){hint}")
+    if (privacy.noise_multiplier is None) == (privacy.target_epsilon is None):
+        if privacy.target_epsilon is None:
+            raise ConfigError(f"privacy.mechanism={mechanism} needs privacy.noise_multiplier or privacy.target_epsilon")
+    if privacy.target_epsilon is not None:
+        try:
+            solved = calibrate(privacy.accountant, lambda z: event_of(config, z), privacy.target_epsilon,
+                               privacy.delta, train.rounds)
+        except ValueError as error:
+            raise ConfigError(f"privacy.target_epsilon={privacy.target_epsilon}: {error}") from None
+        if privacy.noise_multiplier is not None and privacy.noise_multiplier != solved:
+            raise ConfigError(f"privacy.noise_multiplier={privacy.noise_multiplier} and privacy.target_epsilon="
+                              f"{privacy.target_epsilon} both set the noise (the target needs z = {solved:g}): set one")
+        privacy.noise_multiplier = solved
+    if privacy.adaptive_clipping and not privacy.noise_multiplier < 2 * count_stddev(config):
+        raise ConfigError(f"privacy.adaptive_clipping pays for its count out of z, which must be below 2 sigma_b = "
+                          f"{2 * count_stddev(config):g} (privacy.clip_count_stddev); z is {privacy.noise_multiplier:g}")
+    if train.target_epsilon is not None:
+        first = Accountant(privacy.accountant, event_of(config, privacy.noise_multiplier), privacy.delta).epsilon(1)
+        if first > train.target_epsilon:
+            raise ConfigError(f"train.target_epsilon={train.target_epsilon} is below the epsilon of one round "
+                              f"({first:.4g} at delta={privacy.delta:g}): the run could not start")
 
 
 def _resolve_compression(config: Config) -> None:

@@ -1,5 +1,5 @@
 """The registries of components: algorithms, models, datasets, partitioners, selectors,
-compressors, callbacks, aggregation rules and attacks, each a name -> entry table filled by decorators.
+compressors, callbacks, aggregation rules, attacks and privacy mechanisms, each a name -> entry table filled by decorators.
 
 rayfed's own components register themselves the way a researcher's plugin does
 (`rayfed.register_algorithm("name", params=...)` on a builder); nothing else lists them. The
@@ -162,8 +162,10 @@ COMPRESSORS = Registry("compressor", "compression.name")
 CALLBACKS = Registry("callback", "logging.callbacks")
 AGGREGATION_RULES = Registry("aggregation rule", "aggregation.rule")
 ATTACKS = Registry("attack", "adversary.attack")
+PRIVACY_MECHANISMS = Registry("privacy mechanism", "privacy.mechanism")
 REGISTRIES = {registry.kind: registry for registry in (ALGORITHMS, MODELS, DATASETS, PARTITIONERS, SELECTORS,
-                                                        COMPRESSORS, CALLBACKS, AGGREGATION_RULES, ATTACKS)}
+                                                        COMPRESSORS, CALLBACKS, AGGREGATION_RULES, ATTACKS,
+                                                        PRIVACY_MECHANISMS)}
 
 
 def plugin_entries() -> list[Entry]:

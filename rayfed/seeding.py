@@ -29,6 +29,7 @@ class Purpose(IntEnum):
     BUCKETS = 16
     ADVERSARIES = 17
     ATTACK = 18
+    PRIVACY_NOISE = 19
 
 
 def derive_seed(seed: int, purpose: Purpose, round: int = 0, client_id: int = 0) -> int:

@@ -224,7 +224,7 @@ def test_the_servers_aggregate_is_unbiased_under_every_selector():
     (["selection.selector=acs", "algorithm.agg_weighting=num_samples"], "does not apply with selection.selector=acs"),
     (["selection.selector=ucs", "algorithm.name=fedlalr"], "does not apply to fedlalr"),
     (["selection.ucs_variant=reference_code"], "selection.ucs_variant only applies to selection.selector=ucs"),
-    (["selection.selector=oort"], "selection.selector='oort' is not one of: uniform, md, acs, ucs, cacs"),
+    (["selection.selector=oort"], "selection.selector='oort' is not one of: uniform, poisson, md, acs, ucs, cacs"),
     (["selection.cacs_clusters=5"], "selection.cacs_clusters only applies to selection.selector=cacs"),
     (["selection.selector=acs", "selection.cacs_warmup_rounds=2"], "cacs_warmup_rounds only applies to"),
     (["selection.selector=acs", "selection.ucs_variant=reference_code"], "ucs_variant only applies to"),

@@ -30,7 +30,7 @@ from rayfed.registry import ALGORITHMS, DATASETS, MODELS
 from rayfed.resources import meta_model
 
 SECTIONS = ("data", "model", "algorithm", "train", "systems", "engine", "selection", "compression", "aggregation",
-            "adversary", "logging")
+            "adversary", "privacy", "logging")
 # The models whose layers model.hidden_sizes sets.
 WIDTH_MODELS = ("mlp", "relu_mlp")
 # Markdown would read these in docstrings written as plain text (x_t, a * b, <v, M_j>) as markup.

@@ -3,7 +3,7 @@
 rayfed's own outputs are callbacks too, listed here in the order they run: metrics.jsonl,
 summary.json, clients.jsonl, TensorBoard and MLflow when asked for, the progress bar; then the
 callbacks of the config's `logging.callbacks` and those given to `rayfed.run`; then the divergence
-stop, the target stop and the checkpoints, which come last so that every callback sees a round
+stop, the target stop, the privacy budget's stop and the checkpoints, which come last so that every callback sees a round
 before the run stops after it or saves it."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from rayfed.callbacks.checkpoints import Checkpoints
 from rayfed.callbacks.clients_file import ClientsFile
 from rayfed.callbacks.divergence import Divergence
 from rayfed.callbacks.metrics_file import MetricsFile
+from rayfed.callbacks.privacy_budget import PrivacyBudget
 from rayfed.callbacks.progress import Progress
 from rayfed.callbacks.registry import build_configured, register_callback
 from rayfed.callbacks.summary_file import SummaryFile
@@ -48,6 +49,8 @@ def run_callbacks(config, run_dir: Path, progress: bool, users: list[Callback]) 
     train = config.train
     if train.target_accuracy is not None or train.target_loss is not None:
         stops.append(Target(train.target_accuracy, train.target_loss))
+    if train.target_epsilon is not None:
+        stops.append(PrivacyBudget(config))
     if train.checkpoint_every:
         stops.append(Checkpoints(train.checkpoint_every))
     return metrics_file, [*writers, *users, *stops]

@@ -31,7 +31,8 @@ FLUSH_EVERY_S = 2.0
 MAX_PARAMS_PER_CALL = 100
 MAX_METRICS_PER_CALL = 1000
 # MLflow's status of a run, from summary.json's.
-MLFLOW_STATUS = {"finished": "FINISHED", "reached_target": "FINISHED", "stopped": "FINISHED", "interrupted": "KILLED"}
+MLFLOW_STATUS = {"finished": "FINISHED", "reached_target": "FINISHED", "privacy_budget_spent": "FINISHED",
+                 "stopped": "FINISHED", "interrupted": "KILLED"}
 # MLflow's longest experiment name (mlflow.utils.validation).
 MAX_EXPERIMENT_NAME = 500
 # For the check before a run alone: a store that does not answer is told within seconds, where MLflow's

@@ -14,13 +14,15 @@ from rayfed.algorithms.base import Algorithm, RoundInfo, check_state_declared
 from rayfed.algorithms.summed_uploads import SummedUploads
 from rayfed.engine.messages import Broadcast, ClientRecord, ClientResult, WorkerSums
 from rayfed.exact_sum import ExactSum
+from rayfed.privacy import CentralPrivacy
 
 
 class Aggregation:
     def __init__(self, algorithm: Algorithm, name: str, params: Tensor, buffers: Tensor, num_clients: int,
-                 rules=None, seed: int = 0):
+                 rules=None, seed: int = 0, private: CentralPrivacy | None = None, clip_norm: float = 0.0):
         """`rules`: the aggregation section (None or rule=mean: the algorithm's own average); `seed`: the
-        run's, whose streams bucketing draws from."""
+        run's, whose streams bucketing draws from; `private`: central differential privacy, which
+        noises the average instead (rayfed.privacy), starting from clip norm `clip_norm`."""
         self.algorithm = algorithm
         self.num_clients = num_clients
         self.state = algorithm.server_init(params.clone(), num_clients)
@@ -31,6 +33,8 @@ class Aggregation:
         self.bucket_size = 1 if rules is None else rules.bucket_size
         self.seed = seed
         self.rule_state: dict[str, Tensor] = {}
+        self.private = private
+        self.clip_norm = clip_norm
 
     def broadcast(self) -> Broadcast:
         """On the CPU: workers may have no GPU, and each moves it to its own device once per round."""
@@ -48,10 +52,14 @@ class Aggregation:
         the counted clients (`counted` then holds their records). Returns the algorithm's metrics and
         its reply (None when it does not reply)."""
         uploads = summed_uploads(summed, counted) if summed else {result.client_id: result.upload for result in counted}
+        privacy_metrics = {}
         if self.rule is not None:
             uploads, self.rule_state = combine(self.rule, self.rule_name,
                                                {client: upload.tensors for client, upload in uploads.items()},
                                                self.rule_state, self.bucket_size, self.seed, round)
+        elif self.private is not None:
+            uploads, privacy_metrics, self.clip_norm = self.private.combine(
+                round, {client: upload.tensors for client, upload in uploads.items()}, self.clip_norm)
         self.state, metrics = self.algorithm.server_step(
             self.state, uploads,
             RoundInfo(round=round, sampled=tuple(order), num_clients=self.num_clients, weights=weights,
@@ -59,6 +67,7 @@ class Aggregation:
         reply = None
         if self.algorithm.replies:
             reply = {name: tensor.cpu() for name, tensor in self.algorithm.server_reply(self.state).items()}
+        metrics.update(privacy_metrics)
         if weights is not None:
             # ucs weights sum to 1 only on average: log it.
             metrics["weight_sum"] = sum(weights[result.client_id] for result in counted)
@@ -77,11 +86,15 @@ class Aggregation:
     def stateful_rule(self) -> bool:
         return self.rule is not None and self.rule.stateful
 
+    @property
+    def adaptive_clip(self) -> bool:
+        return self.private is not None and self.private.adaptive
+
     def snapshot(self) -> tuple:
-        return self.state, self.buffers, self.rule_state
+        return self.state, self.buffers, self.rule_state, self.clip_norm
 
     def restore(self, snapshot: tuple) -> None:
-        self.state, self.buffers, self.rule_state = snapshot
+        self.state, self.buffers, self.rule_state, self.clip_norm = snapshot
 
     def state_bytes(self) -> int:
         """Bytes of algorithm state the server holds (model included)."""

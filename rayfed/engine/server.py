@@ -33,6 +33,7 @@ from rayfed.engine.state_store import tensors_to
 from rayfed.engine.worker import device_for, threads_per_process
 from rayfed.metrics import CLIENT_ROWS, client_fields, client_row
 from rayfed.models import FlatModel, build_model
+from rayfed.privacy import Privacy
 from rayfed.provenance import environment
 from rayfed.seeding import Purpose, derive_seed
 from rayfed.selection.sampler import ClientSampler
@@ -71,8 +72,12 @@ class Server:
         self.schedule = LocalSchedule.from_config(config.train)
         self.client_sizes = client_systems.client_sizes
         self.sampler = ClientSampler(config.selection, config.seed, client_systems.client_sizes)
+        self.privacy = Privacy.of(config, self.model.blocks)
         self.aggregation = Aggregation(self.algorithm, config.algorithm.name, self.model.params,
-                                       self.model.buffers, self.num_clients, config.aggregation, config.seed)
+                                       self.model.buffers, self.num_clients, config.aggregation, config.seed,
+                                       self.privacy and self.privacy.central, self.privacy and self.privacy.clip_norm)
+        # The rounds completed so far, for the privacy spent (summary.json).
+        self.rounds_done = 0
         self.adversaries = Adversaries.of(config)
         # Until an upload arrived, a client is expected to send the algorithm's count of floats and the buffers.
         float_bytes = self.model.params.element_size()
@@ -158,6 +163,10 @@ class Server:
         if self.client_rows:
             metrics[CLIENT_ROWS] = [client_row(round + 1, r.client_id, r.upload.num_samples, r.upload.metrics)
                                     for r in counted]
+        self.rounds_done = round + 1
+        if self.privacy is not None and (self.privacy.accountant.kind == "rdp" or self.evaluation.due(round)):
+            # Under PLD accounting an epsilon takes about a second: it is reported where the model is evaluated.
+            metrics["dp_epsilon"] = self.privacy.accountant.epsilon(round + 1)
         if not self.aggregation.model_finite():
             metrics["model_finite"] = False
         stepped = time.perf_counter()
@@ -268,7 +277,10 @@ class Server:
 
     def summary_extras(self) -> dict:
         """What the run's summary.json reports besides the rounds: the warm-up's account."""
-        return {} if self.warmup_summary is None else {"selection_warmup": self.warmup_summary}
+        extras = {} if self.warmup_summary is None else {"selection_warmup": self.warmup_summary}
+        if self.privacy is not None:
+            extras["privacy"] = self.privacy.summary(self.rounds_done)
+        return extras
 
     # ---- diagnostics, checkpoints, accounting ----
 
@@ -281,16 +293,18 @@ class Server:
     def snapshot(self) -> dict:
         """The server's part of a checkpoint (see rayfed/checkpoint.py), on the CPU; in the middle of
         CACS's warm-up, the server as it was before it."""
-        state, buffers, rule_state = (self.before_warmup if self.before_warmup is not None
-                                      else self.aggregation.snapshot())
+        state, buffers, rule_state, clip_norm = (self.before_warmup if self.before_warmup is not None
+                                                 else self.aggregation.snapshot())
         rule = {"rule_state": rule_state} if self.aggregation.stateful_rule else {}
-        return tensors_to({"state": state, "buffers": buffers, **rule, **self.clock.snapshot(),
+        clip = {"dp_clip_norm": clip_norm} if self.aggregation.adaptive_clip else {}
+        return tensors_to({"state": state, "buffers": buffers, **rule, **clip, **self.clock.snapshot(),
                            "client_order": self.sampler.snapshot(), "warmup_summary": self.warmup_summary,
                            "bits_totals": list(self.codec.bits_totals)}, torch.device("cpu"))
 
     def restore(self, snapshot: dict) -> None:
         snapshot = tensors_to(snapshot, self.device)
-        self.aggregation.restore((snapshot["state"], snapshot["buffers"], snapshot.get("rule_state", {})))
+        self.aggregation.restore((snapshot["state"], snapshot["buffers"], snapshot.get("rule_state", {}),
+                                  snapshot.get("dp_clip_norm", self.aggregation.clip_norm)))
         self.clock.restore(snapshot)
         self.sampler.restore(snapshot["client_order"])
         self.warmup_summary = snapshot["warmup_summary"]

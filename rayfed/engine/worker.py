@@ -28,6 +28,7 @@ from rayfed.engine.vectorized import FULL_GRADIENT_CHUNK, BatchedModule, ClientB
 from rayfed.errors import ConfigError, first_line
 from rayfed.models import FlatModel, build_model
 from rayfed.models.forward import ModelForward
+from rayfed.privacy import Privacy
 from rayfed.provenance import environment
 from rayfed.seeding import Purpose, derive_seed, seed_global_torch, torch_generator
 
@@ -176,6 +177,9 @@ class ClientWorker:
         # adversary.*: the clients whose labels an attack poisons (label flipping), with the number of classes.
         self.adversaries = Adversaries.of(config)
         self.num_classes = num_classes
+        # privacy.scope=local: each client clips and noises its own upload before it leaves.
+        privacy = Privacy.of(config, self.model.blocks)
+        self.local_privacy = privacy and privacy.local
         # compression.*: the algorithm's upload as it travels to the server.
         self.codec = Codec(config.compression, self.algorithm.compressed_upload, self.model.blocks,
                            self.model.num_params, config.seed)
@@ -212,13 +216,14 @@ class ClientWorker:
         buffers = down.buffers.to(self.device)
         # engine.partial_sums: the clients' uploads go as their exact sums, weighted as the server averages them.
         weighting = self.config.algorithm.agg_weighting if self.config.engine.partial_sums else None
-        if self.batched is not None and self.codec.compressor is None and not self.algorithm.replies:
+        if (self.batched is not None and self.codec.compressor is None and not self.algorithm.replies
+                and self.local_privacy is None):
             upload, client_buffers = self._train_clients_together(round, client_ids, tensors, buffers, seed)
             trained = time.perf_counter()
             packed = (WorkerResult.from_stacked(client_ids, upload, client_buffers) if weighting is None else
                       WorkerSums.from_stacked(client_ids, upload, client_buffers, weighting))
         elif self.batched is not None:
-            # Compressed or replied-to uploads are encoded client by client, each from its own stream.
+            # Compressed, privatised or replied-to uploads are encoded client by client, each from its own stream.
             upload, client_buffers = self._train_clients_together(round, client_ids, tensors, buffers, seed)
             results = WorkerResult.from_stacked(client_ids, upload, client_buffers).unpack()
             for result in results:
@@ -272,7 +277,10 @@ class ClientWorker:
         return self.algorithm.client_init(client_id) if state is None else state
 
     def _encode(self, upload: Upload, round: int, client_id: int) -> None:
-        """The upload as it travels (compression.*), kept as the server decodes it where the server replies."""
+        """The upload as it travels (privacy.scope=local, compression.*), kept as the server decodes it where the
+        server replies."""
+        if self.local_privacy is not None:
+            upload.tensors = self.local_privacy.privatize(upload.tensors, round, client_id)
         sent = self.codec.encode(upload, round, client_id)
         if self.algorithm.replies:
             self.sent_updates[client_id] = sent

@@ -13,9 +13,9 @@ from rayfed.input_files import parse_json, read_text, read_yaml
 from rayfed.metrics import METRICS, SUMMARY, read_summary, run_status
 
 
-# Statuses (summary.json) of runs that ran as their config asked: to train.rounds, or until
-# train.target_accuracy / train.target_loss was reached.
-COMPLETE_STATUSES = ("finished", "reached_target")
+# Statuses (summary.json) of runs that ran as their config asked: to train.rounds, until
+# train.target_accuracy / train.target_loss was reached, or until train.target_epsilon allowed.
+COMPLETE_STATUSES = ("finished", "reached_target", "privacy_budget_spent")
 REACHED_TARGET = "reached_target"
 # A round's line is a few hundred bytes: a million rounds' worth.
 MAX_METRICS_BYTES = 2**30

@@ -51,6 +51,7 @@ class GroupStats:
     seeds_reached: int          # per seed: how many seeds reached the target
     seeds_unknown: int          # per seed: runs that stopped at a lower target of their own, before this one
     wall_time_s: float          # mean over the runs whose summary.json records it; NaN if none does
+    epsilon: Spread | None = None   # the privacy spent (the last dp_epsilon a run logged); None: no run is private
 
 
 @quiet
@@ -89,7 +90,14 @@ def group_stats(group: Group, target: float | None) -> GroupStats:
         target=target, reached=reached, per_seed=per_seed,
         seeds_reached=seeds_reached, seeds_unknown=seeds_unknown,
         wall_time_s=float(np.mean(wall_times)) if wall_times else math.nan,
+        epsilon=spread([_last_logged(run, "dp_epsilon") for run in runs])
+        if any(run.logged_at("dp_epsilon").any() for run in runs) else None,
     )
+
+
+def _last_logged(run: Run, key: str) -> float:
+    logged = run.logged_at(key)
+    return float(run.column(key)[logged][-1]) if logged.any() else math.nan
 
 
 def reached_on_seed_mean(runs: list[Run], target: float) -> Reached | None:

@@ -43,6 +43,9 @@ def _table(keys: list[str], stats: list[GroupStats]) -> list[str]:
         header.append("target")
     if target is not None:
         header += [f"rounds to {target}", f"virtual s to {target}", f"bytes to {target}"]
+    private = any(s.epsilon is not None for s in stats)
+    if private:
+        header.append("epsilon")
     header += ["wall s per run", "status"]
     rows = [header, ["---"] * len(header)]
     for s in stats:
@@ -52,6 +55,8 @@ def _table(keys: list[str], stats: list[GroupStats]) -> list[str]:
             row.append(NO_VALUE if s.target is None else f"{s.target:g}")
         if target is not None:
             row += _reached_cells(s)
+        if private:
+            row.append(NO_VALUE if s.epsilon is None else _spread(s.epsilon))
         row += [_number(s.wall_time_s, "{:.1f}"), _statuses(s)]
         rows.append(row)
     return ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
@@ -107,8 +112,12 @@ def _footnote(stats: list[GroupStats]) -> list[str]:
                      "train.target_accuracy), as mean ± std over seeds, and virtual seconds and bytes the means "
                      "of the seeds' values there; k of n seeds: only k seeds reached it; unknown: a run stopped "
                      "at a lower target of its own before reaching it.")
+    if any(s.epsilon is not None for s in stats):
+        lines.append("Epsilon: the privacy each run spent (the last dp_epsilon its metrics.jsonl logs, at its "
+                     "privacy.delta), mean ± std over seeds.")
     lines.append("Wall s per run: mean of summary.json's wall_time_s. Status: summary.json's status (finished: ran "
-                 "train.rounds; reached_target: stopped at its target); incomplete: the run wrote no summary.json.")
+                 "train.rounds; reached_target: stopped at its target; privacy_budget_spent: stopped before the round "
+                 "that would exceed train.target_epsilon); incomplete: the run wrote no summary.json.")
     return [" ".join(lines)]
 
 

@@ -3,6 +3,8 @@
 p_i = D_i / sum_j D_j over the clients that can be selected (the online ones).
 
     uniform  S clients uniformly without replacement; the algorithm weights them itself (today's sampling)
+    poisson  each candidate independently with probability q = S / (candidates); the algorithm weights them
+             itself (the sampling that differential privacy's Poisson-subsampled accounting describes)
     md       M i.i.d. draws ~ Cat(p);                        w_i = c_i / M (c_i: times drawn)
     acs      draw m ~ Cat(Q[:, m]) of Algorithm 2's table;    w_i = c_i / M
     cacs     acs with the table filled in the clusters' order (clusters.py) instead of by importance
@@ -97,15 +99,16 @@ class SelectionRequest:
         return self.kept_importances if self.kept_importances is not None else Importances(self.counts)
 
 
-def register_selector(name: str, *, warmup: bool = False, unit_weight_sum: bool = True):
+def register_selector(name: str, *, warmup: bool = False, unit_weight_sum: bool = True, weighted: bool = True):
     """Registers a selector `(SelectionRequest) -> Selection` under `name` (rayfed.register_selector):
     selection.selector then uses it. `warmup`: it orders the clients from a warm-up before round 0
     (CACS's); `unit_weight_sum`: its weights sum to 1 in every round (not only on average), which
-    algorithms that average models need."""
+    algorithms that average models need; `weighted`: it gives aggregation weights (False: its
+    Selection's weights are None, and the algorithm weights the clients itself, as with uniform)."""
     def decorate(selector):
         if not callable(selector):
             raise ConfigError(f"register_selector({name!r}) takes a function (SelectionRequest) -> Selection")
-        return SELECTORS.register(name, warmup=warmup, unit_weight_sum=unit_weight_sum)(selector)
+        return SELECTORS.register(name, warmup=warmup, unit_weight_sum=unit_weight_sum, weighted=weighted)(selector)
     return decorate
 
 
@@ -120,11 +123,21 @@ def select(selector: str, candidates: np.ndarray, counts: np.ndarray, size: int,
                                          ucs_variant, order, kept_importances))
 
 
-@register_selector("uniform")
+@register_selector("uniform", weighted=False)
 def _uniform(request: SelectionRequest) -> Selection:
     candidates = request.candidates
     return Selection(candidates[request.rng.choice(len(candidates), size=min(request.size, len(candidates)),
                                                    replace=False)], None)
+
+
+@register_selector("poisson", weighted=False)
+def _poisson(request: SelectionRequest) -> Selection:
+    # A Binomial(n, q) count, then that many candidates uniformly without replacement: the law of n independent
+    # Bernoulli(q) draws, in O(S) rather than O(n) a round.
+    candidates = request.candidates
+    q = min(request.size / len(candidates), 1.0) if len(candidates) else 0.0
+    count = int(request.rng.binomial(len(candidates), q))
+    return Selection(candidates[np.sort(request.rng.choice(len(candidates), size=count, replace=False))], None)
 
 
 def _nobody_without_candidates(selector):
