@@ -44,6 +44,7 @@ from rayfed.engine.state_store import COPY_CHUNK_BYTES, StateLayout, damaged_sha
 from rayfed.engine.worker import client_owner
 from rayfed.errors import ConfigError, kind_of
 from rayfed.models import FlatModel
+from rayfed.registry import ATTACKS
 from rayfed.resources import meta_model
 from rayfed.selection.sampler import ClientSampler
 from rayfed.systems.clients import ClientSystems
@@ -71,6 +72,8 @@ class Declared:
         self.server = {"state": self.algorithm.server_init(model.params, self.num_clients), "buffers": model.buffers,
                        **({"rule_state": {}} if _stateful_rule(config) else {}),
                        **({"dp_clip_norm": 0.0} if config.privacy.adaptive_clipping else {}),
+                       **({"attack_state": {}} if ATTACKS.get(config.adversary.attack).target(config.adversary).stateful
+                          else {}),
                        **clock.snapshot(), "client_order": None, "warmup_summary": None, "bits_totals": [0, 0]}
         self.client_classes = {qualified(cls): cls for cls in self.algorithm.state_classes
                                if not _holds_class(self.server["state"], cls)}

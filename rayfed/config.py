@@ -504,7 +504,8 @@ class AdversaryConfig(_Section):
     """Byzantine clients: who they are and how they attack."""
 
     attack: registered(ATTACKS) = "none"
-    """`none`, or what the adversaries do (see Robustness): `sign_flip`, `gaussian`, `label_flip`, `alie`, `ipm`."""
+    """`none`, or what the adversaries do (see Robustness): `sign_flip`, `gaussian`, `label_flip`, `alie`, `ipm`,
+    `mimic`."""
     fraction: Optional[number(ge=0.0, le=1.0)] = None
     """The adversaries as a fraction of N: round(fraction N) clients drawn once from the run's seed; or `clients`."""
     clients: Annotated[list[count(ge=0)], Field(strict=True, max_length=MAX_ADVERSARIES)] = Field(default_factory=list)

@@ -51,6 +51,10 @@ def interrupted(tmp_path, overrides, monkeypatch, fail_at_round=5, name="interru
     # A stateful aggregation rule (its last aggregate), bucketing's and an attack's draws.
     ["engine.backend=local", "aggregation.rule=centered_clipping", "aggregation.clip_radius=0.5",
      "aggregation.bucket_size=2", "adversary.attack=gaussian", "adversary.fraction=0.2", "adversary.noise_std=1.0"],
+    # A stateful attack (mimic's target) and adaptive clipping's norm.
+    ["engine.backend=local", "adversary.attack=mimic", "adversary.fraction=0.2"],
+    ["engine.backend=local", "privacy.mechanism=gaussian", "privacy.clip_norm=0.5", "privacy.delta=1e-5",
+     "privacy.noise_multiplier=0.2", "privacy.adaptive_clipping=true", "privacy.clip_count_stddev=1.0"],
     ["engine.backend=local", "algorithm.name=fedavg", "train.round_policy=async_buffered", "train.buffer_size=4",
      "train.concurrency=9", "systems.step_time_spread=1.0", "train.staleness_weight=sqrt"],
 ])

@@ -205,13 +205,34 @@ def test_ipm_sends_minus_epsilon_times_the_honest_mean():
     assert np.allclose(alone[0].double().numpy(), -0.1 * own.double().numpy().mean(axis=0), rtol=0, atol=1e-6)
 
 
+def test_mimic_copies_the_honest_upload_furthest_along_their_main_spread_and_keeps_its_target():
+    honest, ids = uploads(6, 8, seed=5), [0, 2, 3, 5, 6, 8]
+    generators = [torch_generator(0, Purpose.ATTACK, 0, 1), torch_generator(0, Purpose.ATTACK, 0, 4)]
+    start = torch.randn(8, generator=torch_generator(0, Purpose.ATTACK, 0, 1), dtype=torch.float64).numpy()
+    values = honest.double().numpy()
+    centred = values - values.mean(axis=0)
+    direction = sum((row @ start) * row for row in centred)
+    target = ids[int(np.argmax(values @ (direction / np.linalg.norm(direction))))]
+    mimic = attack("mimic")
+    sent, state = mimic.corrupt_stateful(uploads(2, 8), honest, ids, 8, generators, {})
+    assert state == {"target": target}
+    assert torch.equal(sent, honest[ids.index(target)].expand(2, -1))
+    # Later rounds copy the same client, whatever its upload; without it, the attack chooses again.
+    later = uploads(6, 8, seed=9)
+    again, kept = mimic.corrupt_stateful(uploads(2, 8), later, ids, 8, generators, state)
+    assert kept == state and torch.equal(again[1], later[ids.index(target)])
+    others = [client for client in ids if client != target]
+    _, chosen = mimic.corrupt_stateful(uploads(2, 8), later[:5], others, 7, generators, state)
+    assert chosen["target"] in others
+
+
 def test_the_adversaries_replace_only_their_own_uploads_and_know_only_what_their_attack_may():
     config = rayfed.load_config(None, ["data.num_clients=20", "adversary.attack=sign_flip",
                                        "adversary.clients=[3, 7, 11]"])
     adversaries = Adversaries.of(config)
     round_uploads = {client: Upload({"model_change": torch.full((4,), float(client))}, 10 + client)
                      for client in (1, 3, 5, 7)}
-    corrupted, count = adversaries.corrupt(0, round_uploads)
+    corrupted, count, _ = adversaries.corrupt(0, round_uploads, {})
     assert count == 2 and list(corrupted) == [1, 3, 5, 7]
     assert corrupted[1] is round_uploads[1] and corrupted[5] is round_uploads[5]
     assert torch.equal(corrupted[3].tensors["model_change"], torch.full((4,), -3.0))
@@ -223,7 +244,7 @@ def test_the_adversaries_replace_only_their_own_uploads_and_know_only_what_their
             seen.append((own.shape[0], others, num_uploads))
             return own
     adversaries.attack = Spy()
-    adversaries.corrupt(0, round_uploads)
+    adversaries.corrupt(0, round_uploads, {})
     assert seen == [(2, None, 4)]               # not omniscient: the honest uploads are withheld
 
 

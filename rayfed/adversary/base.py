@@ -43,6 +43,16 @@ class Attack:
     def labels(self, labels: Tensor, num_classes: int) -> Tensor:
         return labels
 
+    stateful = False
+    """It carries a state from round to round (`corrupt_stateful`), which checkpoints hold."""
+
+    def corrupt_stateful(self, own: Tensor, others: Tensor | None, other_ids: list[int], num_uploads: int,
+                         generators: list[torch.Generator], state: dict) -> tuple[Tensor, dict]:
+        """`corrupt` for an attack that remembers (a stateful one overrides this): also given the honest
+        clients' ids (the rows of `others`) and its state, it returns the next state with the uploads. Called
+        once per upload name, the state passed on from one name to the next."""
+        return self.corrupt(own, others, num_uploads, generators), state
+
 
 def register_attack(name: str, *, keys: dict[str, Any] | None = None):
     """Registers an attack builder `(adversary section) -> Attack` under `name` (rayfed.register_attack):
@@ -77,12 +87,12 @@ class Adversaries:
     def poisons(self, client_id: int) -> bool:
         return self.attack.poisons_labels and client_id in self.clients
 
-    def corrupt(self, round: int, uploads: dict[int, Upload]) -> tuple[dict[int, Upload], int]:
+    def corrupt(self, round: int, uploads: dict[int, Upload], state: dict) -> tuple[dict[int, Upload], int, dict]:
         """The round's uploads (client id -> upload, in client-id order) with the adversaries' replaced,
-        and how many of them were adversaries'."""
+        how many of them were adversaries', and the attack's next state (`state`: its last)."""
         bad = [client for client in uploads if client in self.clients]
         if not bad:
-            return uploads, 0
+            return uploads, 0, state
         good = [client for client in uploads if client not in self.clients]
         generators = [torch_generator(self.seed, Purpose.ATTACK, round, client) for client in bad]
         replaced = {client: {} for client in bad}
@@ -90,12 +100,13 @@ class Adversaries:
             own = torch.stack([uploads[client].tensors[name] for client in bad])
             others = (torch.stack([uploads[client].tensors[name] for client in good])
                       if self.attack.omniscient and good else None)
-            sent = self.attack.corrupt(own, others, len(uploads), generators)
+            sent, state = self.attack.corrupt_stateful(own, others, good if others is not None else [], len(uploads),
+                                                       generators, state)
             for row, client in enumerate(bad):
                 replaced[client][name] = sent[row]
         corrupted = {client: (Upload(replaced[client], upload.num_samples, upload.metrics) if client in replaced
                               else upload) for client, upload in uploads.items()}
-        return corrupted, len(bad)
+        return corrupted, len(bad), state
 
 
 @register_attack("none")

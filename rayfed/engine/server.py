@@ -79,6 +79,7 @@ class Server:
         # The rounds completed so far, for the privacy spent (summary.json).
         self.rounds_done = 0
         self.adversaries = Adversaries.of(config)
+        self.attack_state: dict = {}
         # Until an upload arrived, a client is expected to send the algorithm's count of floats and the buffers.
         float_bytes = self.model.params.element_size()
         self.clock = SystemsClock(config.train, config.systems.idle_wait_s, client_systems,
@@ -178,7 +179,8 @@ class Server:
 
     def _attacked(self, round: int, counted: list) -> tuple[list, int]:
         """The counted results with the adversaries' uploads replaced by their attack's, and how many there were."""
-        uploads, attackers = self.adversaries.corrupt(round, {result.client_id: result.upload for result in counted})
+        uploads, attackers, self.attack_state = self.adversaries.corrupt(
+            round, {result.client_id: result.upload for result in counted}, self.attack_state)
         return [dataclasses.replace(result, upload=uploads[result.client_id]) for result in counted], attackers
 
     def step_and_plan_next(self, round: int, plan: RoundPlan, *worker_results: WorkerResult,
@@ -297,7 +299,9 @@ class Server:
                                                  else self.aggregation.snapshot())
         rule = {"rule_state": rule_state} if self.aggregation.stateful_rule else {}
         clip = {"dp_clip_norm": clip_norm} if self.aggregation.adaptive_clip else {}
-        return tensors_to({"state": state, "buffers": buffers, **rule, **clip, **self.clock.snapshot(),
+        attack = ({"attack_state": self.attack_state} if self.adversaries is not None and
+                  self.adversaries.attack.stateful else {})
+        return tensors_to({"state": state, "buffers": buffers, **rule, **clip, **attack, **self.clock.snapshot(),
                            "client_order": self.sampler.snapshot(), "warmup_summary": self.warmup_summary,
                            "bits_totals": list(self.codec.bits_totals)}, torch.device("cpu"))
 
@@ -305,6 +309,7 @@ class Server:
         snapshot = tensors_to(snapshot, self.device)
         self.aggregation.restore((snapshot["state"], snapshot["buffers"], snapshot.get("rule_state", {}),
                                   snapshot.get("dp_clip_norm", self.aggregation.clip_norm)))
+        self.attack_state = snapshot.get("attack_state", {})
         self.clock.restore(snapshot)
         self.sampler.restore(snapshot["client_order"])
         self.warmup_summary = snapshot["warmup_summary"]
