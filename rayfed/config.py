@@ -129,6 +129,8 @@ def _gpu_share(value: float) -> float:
 
 
 _Path = Annotated[str, Field(strict=True), AfterValidator(_valid_path)]
+# A plugin component's own key in a section's `options`.
+_OptionName = Annotated[str, Field(strict=True, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=100)]
 _Text = Annotated[str, Field(strict=True, max_length=MAX_PATH_BYTES), AfterValidator(_printable)]
 _Gpus = Annotated[number(ge=0.0, le=MAX_GPUS), AfterValidator(_gpu_share)]
 
@@ -495,6 +497,9 @@ class AggregationConfig(_Section):
     """`geometric_median`: ν, the least distance a Weiszfeld weight divides by (default 1e-6)."""
     clip_radius: Optional[number(gt=0.0, le=MAX_COEFFICIENT)] = None
     """`centered_clipping`: τ, the L2 radius around the previous aggregate. Required by that rule."""
+    options: dict[_OptionName, number(ge=-MAX_COEFFICIENT, le=MAX_COEFFICIENT)] = Field(default_factory=dict)
+    """A plugin rule's own keys, as its registration declares them (`register_rule(..., keys=...)`), e.g.
+    `aggregation.options.alpha=0.5`; rayfed's rules take none."""
     bucket_size: count(gt=0) = 1
     """s: with s > 1 the rule combines the means of ⌈n / s⌉ random buckets of s uploads instead of the uploads
     (bucketing, Karimireddy et al., ICLR 2022), the permutation drawn once a round from the run's seed."""
@@ -516,6 +521,9 @@ class AdversaryConfig(_Section):
     """`alie`: z of μ + zσ (default: the paper's z_max from the round's n and m)."""
     ipm_epsilon: Optional[number(gt=0.0, le=MAX_COEFFICIENT)] = None
     """`ipm`: ε of −ε times the honest mean (default 0.1)."""
+    options: dict[_OptionName, number(ge=-MAX_COEFFICIENT, le=MAX_COEFFICIENT)] = Field(default_factory=dict)
+    """A plugin attack's own keys, as its registration declares them (`register_attack(..., keys=...)`), e.g.
+    `adversary.options.scale=4`; rayfed's attacks take none."""
 
 
 class PrivacyConfig(_Section):
@@ -846,12 +854,21 @@ def _apply_override(raw: dict, text: str) -> None:
         if not isinstance(node, dict):
             raise ConfigError(f"unknown key {show(dotted)}{_did_you_mean_key(dotted)}")
     leaf = parts[-1]
-    if leaf not in node and not (node is raw.get("algorithm") and len(parts) == 2):
+    if leaf not in node and not (node is raw.get("algorithm") and len(parts) == 2) and not _free_mapping(parts[:-1]):
         raise ConfigError(f"unknown key {show(dotted)}{_did_you_mean_key(dotted)}")
     if isinstance(node.get(leaf), dict) and _is_section(parts):
         raise ConfigError(f"{dotted} is a section; set one of its keys, e.g. {dotted}.{next(iter(node[leaf]))}=...")
     # A key whose value the file gave as a mapping (where a scalar belongs) takes the override's value.
     node[leaf] = parse_yaml(value, f"the value of {dotted}", positions=False) if value.strip() else None
+
+
+def _free_mapping(parts: list[str]) -> bool:
+    """Whether the dotted key `parts` names a mapping whose keys the schema leaves open (a section's
+    `options`, which the chosen component declares), rather than a section."""
+    node = Config().to_dict()
+    for part in parts:
+        node = node.get(part) if isinstance(node, dict) else None
+    return parts[-1:] == ["options"] and node == {}
 
 
 def _is_section(parts: list[str]) -> bool:
@@ -867,7 +884,9 @@ def _merge(target: dict, source: dict, prefix: str) -> None:
         dotted = f"{prefix}{key}"
         if key not in target and prefix != "algorithm.":
             raise ConfigError(f"unknown key {show(dotted)}{_did_you_mean_key(dotted)}")
-        if isinstance(target.get(key), dict):
+        if isinstance(target.get(key), dict) and _free_mapping(dotted.split(".")):
+            target[key] = value
+        elif isinstance(target.get(key), dict):
             if not isinstance(value, dict):
                 raise ConfigError(f"{dotted} must be a mapping of keys ({', '.join(target[key])})")
             _merge(target[key], value, prefix=f"{dotted}.")

@@ -253,7 +253,21 @@ def _component_keys(section, section_name: str, chosen: str, registry, keys: tup
         if key not in takes and getattr(section, key) is not None:
             users = [entry.name for entry in registry.entries() if key in entry.keys]
             raise ConfigError(f"{section_name}.{key} only applies to {registry.key}={' or '.join(users)}")
-    return takes
+    own = {key: default for key, default in takes.items() if key not in keys}
+    for key in getattr(section, "options", {}):
+        if key not in own:
+            raise ConfigError(f"{section_name}.options.{key} is not a key of {registry.key}={chosen} (its own keys: "
+                              f"{', '.join(own) or 'none'})")
+    return {key: default for key, default in takes.items() if key in keys}, own
+
+
+def _fill_options(section, section_name: str, chosen: str, own: dict) -> None:
+    """A plugin component's own keys in the section's `options`: the declared defaults where unset."""
+    for key, default in own.items():
+        if key not in section.options:
+            if default is None or default == REQUIRED:
+                raise ConfigError(f"{chosen} needs {section_name}.options.{key}")
+            section.options[key] = default
 
 
 def _resolve_aggregation(config: Config) -> None:
@@ -261,11 +275,13 @@ def _resolve_aggregation(config: Config) -> None:
     average weighted, or each upload, or only their sums, is refused."""
     aggregation = config.aggregation
     rule = aggregation.rule
-    for key, default in _component_keys(aggregation, "aggregation", rule, AGGREGATION_RULES, RULE_KEYS).items():
+    shared, own = _component_keys(aggregation, "aggregation", rule, AGGREGATION_RULES, RULE_KEYS)
+    for key, default in shared.items():
         if getattr(aggregation, key) is None and default == REQUIRED:
             raise ConfigError(f"aggregation.rule={rule} needs aggregation.{key}")
         if getattr(aggregation, key) is None:
             setattr(aggregation, key, default)
+    _fill_options(aggregation, "aggregation", f"aggregation.rule={rule}", own)
     if build_rule(aggregation) is None:
         if aggregation.bucket_size != 1:
             raise ConfigError(f"aggregation.bucket_size={aggregation.bucket_size} needs a robust aggregation.rule: "
@@ -299,9 +315,11 @@ def _resolve_aggregation(config: Config) -> None:
 def _resolve_adversary(config: Config) -> None:
     adversary = config.adversary
     attack = adversary.attack
-    for key, default in _component_keys(adversary, "adversary", attack, ATTACKS, ATTACK_KEYS).items():
+    shared, own = _component_keys(adversary, "adversary", attack, ATTACKS, ATTACK_KEYS)
+    for key, default in shared.items():
         if getattr(adversary, key) is None:
             setattr(adversary, key, default)
+    _fill_options(adversary, "adversary", f"adversary.attack={attack}", own)
     if attack == "none":
         if adversary.fraction is not None or adversary.clients:
             raise ConfigError("adversary.fraction and adversary.clients need an adversary.attack other than none")
@@ -408,7 +426,7 @@ def _resolve_compression(config: Config) -> None:
     compressor for an algorithm whose upload it cannot carry."""
     compression = config.compression
     takes = _component_keys(compression, "compression", compression.name, COMPRESSORS,
-                            ("levels", "kept", "ratio", "bits", "zero_point_noise"))
+                            ("levels", "kept", "ratio", "bits", "zero_point_noise"))[0]
     if compression.kept is not None and compression.ratio is not None:
         raise ConfigError("compression.kept and compression.ratio both give a sparsifier's k: set one")
     for key, default in takes.items():

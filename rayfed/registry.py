@@ -120,12 +120,13 @@ class Registry:
 def keyed_builder(registry: Registry, name: str, keys: dict[str, Any] | None, section: str,
                   allowed: tuple[str, ...], returns: str) -> Callable[[Any], Any]:
     """The decorator that registers a builder `(section) -> component` under `name`, declaring the
-    keys of `section` it takes (of `allowed`) with their defaults: register_rule's and register_attack's."""
+    keys of `section` it takes (of `allowed`) with their defaults: register_rule's and register_attack's.
+    A key not among `allowed` is the component's own: its value is in the section's `options`."""
     keys = dict(keys or {})
     caller = f"register_{registry.key.split('.')[1]}({name!r})"
-    unknown = sorted(set(keys) - set(allowed))
-    if unknown:
-        raise ConfigError(f"{caller}: keys {', '.join(unknown)} are not {section} keys (they are: {', '.join(allowed)})")
+    odd = sorted(key for key in keys if not (isinstance(key, str) and key.isidentifier()))
+    if odd:
+        raise ConfigError(f"{caller}: keys {', '.join(map(repr, odd))} are not identifiers")
 
     def decorate(builder):
         if not callable(builder):

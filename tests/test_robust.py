@@ -367,12 +367,21 @@ def test_the_how_to_pages_plugin_adds_a_rule_and_an_attack(tmp_path):
     example = re.search(r"```python\n(.*?)```", page, re.DOTALL).group(1)
     try:
         exec(compile(example, "robustness.md", "exec"), {})
-        result = run(tmp_path, "plugin", "aggregation.rule=norm_bounded_mean", "aggregation.clip_radius=0.05",
-                     "adversary.attack=scaled_sign_flip", "adversary.fraction=0.5")
+        plugin = ["aggregation.rule=norm_bounded_mean", "aggregation.clip_radius=0.05",
+                  "adversary.attack=scaled_sign_flip", "adversary.fraction=0.5"]
+        result = run(tmp_path, "plugin", *plugin)
         assert result.history[-1]["num_adversaries"] > 0
         assert not torch.equal(result.params, run(tmp_path, "mean").params)
-        with pytest.raises(rayfed.ConfigError, match="register_rule\\('bad'\\): keys alpha are not aggregation keys"):
-            rayfed.register_rule("bad", keys={"alpha": 1.0})
+        # The attack's own key, in adversary.options: its default, or the value given.
+        assert rayfed.load_config(None, [*SMALL, *plugin]).adversary.options == {"scale": 4.0}
+        attack = plugin[2:]          # under the mean, which the scale reaches (the bounded mean clips it away)
+        assert not torch.equal(run(tmp_path, "scale4", *attack).params,
+                               run(tmp_path, "scale2", *attack, "adversary.options.scale=2").params)
+        with pytest.raises(rayfed.ConfigError, match="^adversary.options.scael is not a key of "
+                                                     "adversary.attack=scaled_sign_flip \\(its own keys: scale\\)$"):
+            rayfed.load_config(None, [*SMALL, *plugin, "adversary.options.scael=2"])
+        with pytest.raises(rayfed.ConfigError, match="register_rule\\('bad'\\): keys '1a' are not identifiers"):
+            rayfed.register_rule("bad", keys={"1a": 1.0})
     finally:
         AGGREGATION_RULES.remove("norm_bounded_mean")
         ATTACKS.remove("scaled_sign_flip")
