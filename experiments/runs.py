@@ -3,6 +3,8 @@ not ended (a finished or diverged one is read back, so a study can be rerun to a
 from __future__ import annotations
 
 import json
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import rayfed
@@ -30,3 +32,17 @@ def run_or_read(scenario: Path, overrides: list[str], run_dir: Path) -> list[dic
 def slug(label: str) -> str:
     """A label ("FedMoS (ACS)", "(a) tau=10, N_z=0") as a directory name."""
     return "".join(c if c.isalnum() else "_" for c in label.lower()).strip("_")
+
+
+def run_each(base: Path, runs: list[tuple[str, list[str]]], out: Path, workers: int) -> None:
+    """`rayfed run base overrides...` for each (name, overrides) into out/name, `workers` processes at a
+    time; a run that wrote its summary.json is kept (run again, a study continues). Prints a line a run."""
+    def run(name: str, overrides: list[str]) -> str:
+        if (out / name / "summary.json").exists():
+            return f"{name}: kept"
+        result = subprocess.run(["rayfed", "run", str(base), *overrides, "--out", str(out / name), "--quiet"],
+                                capture_output=True, text=True)
+        return f"{name}: exit {result.returncode} {result.stderr.strip()[-300:]}"
+    with ThreadPoolExecutor(workers) as pool:
+        for line in pool.map(lambda item: run(*item), runs):
+            print(line, flush=True)

@@ -398,9 +398,8 @@ def _resolve_privacy(config: Config) -> None:
                 else "")
         raise ConfigError(f"privacy.accountant={privacy.accountant} has no account of privacy.mechanism={mechanism} "
                           f"with selection.selector={selector} (privacy.scope={privacy.scope}){hint}")
-    if (privacy.noise_multiplier is None) == (privacy.target_epsilon is None):
-        if privacy.target_epsilon is None:
-            raise ConfigError(f"privacy.mechanism={mechanism} needs privacy.noise_multiplier or privacy.target_epsilon")
+    if privacy.noise_multiplier is None and privacy.target_epsilon is None:
+        raise ConfigError(f"privacy.mechanism={mechanism} needs privacy.noise_multiplier or privacy.target_epsilon")
     if privacy.target_epsilon is not None:
         try:
             solved = calibrate(privacy.accountant, lambda z: event_of(config, z), privacy.target_epsilon,

@@ -11,14 +11,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent))
+from runs import run_each  # noqa: E402  (experiments/runs.py)
+
 BASE = HERE / "mnist5k_dpfedavg.yaml"
 POPULATIONS = {100: ["data.num_clients=100", "train.clients_per_round=10"],
                1000: ["data.num_clients=1000", "train.clients_per_round=100"]}
@@ -37,15 +38,6 @@ def slug(setting: str) -> str:
 def runs(seeds: list[int]) -> list[tuple[str, list[str]]]:
     return [(f"N{n}/{slug(setting)}/seed{seed}", [*population, *keys, f"seed={seed}"])
             for n, population in POPULATIONS.items() for setting, keys in SETTINGS.items() for seed in seeds]
-
-
-def run(out: Path, name: str, overrides: list[str]) -> str:
-    run_dir = out / name
-    if (run_dir / "summary.json").exists():
-        return f"{name}: kept"
-    result = subprocess.run(["rayfed", "run", str(BASE), *overrides, "--out", str(run_dir), "--quiet"],
-                            capture_output=True, text=True)
-    return f"{name}: exit {result.returncode} {result.stderr.strip()[-300:]}"
 
 
 def outcome(out: Path, name: str) -> tuple[float, float | None, float | None] | None:
@@ -89,9 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table-only", action="store_true")
     args = parser.parse_args(argv)
     if not args.table_only:
-        with ThreadPoolExecutor(args.workers) as pool:
-            for line in pool.map(lambda item: run(args.out, *item), runs(args.seeds)):
-                print(line, flush=True)
+        run_each(BASE, runs(args.seeds), args.out, args.workers)
     results = HERE / "results"
     results.mkdir(exist_ok=True)
     (results / "mnist5k_dpfedavg.md").write_text(table(args.out, args.seeds))

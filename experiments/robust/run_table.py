@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent))
+from runs import run_each  # noqa: E402  (experiments/runs.py)
+
 BASE = HERE / "mnist5k_mimic.yaml"
 RULES = {
     "mean": [],
@@ -66,15 +67,6 @@ def runs(seeds: list[int]) -> list[tuple[str, list[str]]]:
     return found
 
 
-def run(out: Path, name: str, overrides: list[str]) -> str:
-    run_dir = out / name
-    if (run_dir / "summary.json").exists():
-        return f"{name}: kept"
-    result = subprocess.run(["rayfed", "run", str(BASE), *overrides, "--out", str(run_dir), "--quiet"],
-                            capture_output=True, text=True)
-    return f"{name}: exit {result.returncode} {result.stderr.strip()[-300:]}"
-
-
 def cell(out: Path, name: str) -> float | None:
     """The seed's mean test accuracy (%) over its last 5 evaluations."""
     path = out / name / "metrics.jsonl"
@@ -117,9 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table-only", action="store_true")
     args = parser.parse_args(argv)
     if not args.table_only:
-        with ThreadPoolExecutor(args.workers) as pool:
-            for line in pool.map(lambda item: run(args.out, *item), runs(args.seeds)):
-                print(line, flush=True)
+        run_each(BASE, runs(args.seeds), args.out, args.workers)
     results = HERE / "results"
     results.mkdir(exist_ok=True)
     (results / "mnist5k_mimic.md").write_text(table(args.out, args.seeds))
