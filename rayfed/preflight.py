@@ -362,9 +362,13 @@ def _resolve_privacy(config: Config) -> None:
             raise ConfigError(f"privacy.mechanism={mechanism} needs privacy.{key}")
     name, selector = config.algorithm.name, config.selection.selector
     refused = [
-        (not _algorithm_class(config).linear_uploads,
-         f"algorithm.name={name}: its server step reads each client's upload, not only the noised average "
-         f"(it applies to: {', '.join(_algorithms_that(lambda cls: cls.linear_uploads))})"),
+        (privacy.scope == "central" and not _algorithm_class(config).linear_uploads,
+         f"algorithm.name={name} and privacy.scope=central: its server step reads each client's upload, not only "
+         f"the noised sum (central applies to: {', '.join(_algorithms_that(lambda cls: cls.linear_uploads))}; "
+         f"privacy.scope=local noises each upload)"),
+        (_algorithm_class(config).averages_models,
+         f"algorithm.name={name}: its clients upload their models, not model changes, and clipping a model "
+         f"shrinks it"),
         (config.aggregation.rule != "mean",
          f"aggregation.rule={config.aggregation.rule}: the noise is calibrated to a sum's sensitivity, not the rule's"),
         (selector not in ("uniform", "poisson"),

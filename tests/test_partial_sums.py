@@ -42,7 +42,7 @@ def test_one_two_three_workers_local_and_ray_give_the_same_bits(tmp_path, ray_cl
     assert_close_to_per_client(per_client, local)
 
 
-@pytest.mark.parametrize("algorithm", ["fedavgm", "fedadam", "mimelite", "fedgate", "moon", "stem"])
+@pytest.mark.parametrize("algorithm", ["fedavgm", "fedadam", "mimelite", "fedgate", "moon", "stem", "mifam"])
 def test_linear_algorithms_stay_within_float32_rounding_of_the_per_client_path(tmp_path, algorithm):
     overrides = SYNTHETIC_MLP + ["engine.backend=local", f"algorithm.name={algorithm}", "train.rounds=3"]
     assert_close_to_per_client(run(tmp_path, overrides, "per_client"), run(tmp_path, overrides + PARTIAL, "summed"))

@@ -165,7 +165,7 @@ def test_the_noised_average_has_the_mechanisms_mean_and_variance(mechanism, vari
     rng = np.random.default_rng(1)
     uploads = {client: {"model_change": torch.tensor(rng.normal(size=50), dtype=torch.float32)} for client in range(4)}
     private = CentralPrivacy(mechanism, noise_multiplier=0.8, per_layer=False, blocks=(), clients_per_round=4, seed=7)
-    averages = torch.stack([private.combine(round, uploads, 2.0)[0].averages["model_change"].double()
+    averages = torch.stack([weighted_average(private.combine(round, uploads, 2.0)[0], "model_change", "uniform").double()
                             for round in range(4000)])
     clipped = sum(clip(upload, 2.0, mechanism.norm, False, None)[0]["model_change"] for upload in uploads.values()) / 4
     scale = 0.8 * 2.0
@@ -180,11 +180,14 @@ def test_the_noise_is_the_rounds_stream_and_the_average_what_the_server_step_rea
     combined, metrics, next_clip = private.combine(5, uploads, 2.0)
     generator = torch_generator(11, Purpose.PRIVACY_NOISE, 5)
     expected = sum(clip(upload, 2.0, 2, False, None)[0]["model_change"] for upload in uploads.values())
-    expected = ((expected + torch.randn(6, generator=generator, dtype=torch.float64) * 2.0) / 3).float()
-    assert torch.equal(weighted_average(combined, "model_change", "uniform"), expected)
-    assert torch.equal(private.combine(5, uploads, 2.0)[0].averages["model_change"], expected)
+    noised = expected + torch.randn(6, generator=generator, dtype=torch.float64) * 2.0
+    assert torch.equal(weighted_average(combined, "model_change", "uniform"), (noised / 3).float())
+    assert torch.equal(weighted_average(private.combine(5, uploads, 2.0)[0], "model_change", "uniform"),
+                       (noised / 3).float())
+    # MIFA's server divides the round's sum by N, not S.
+    assert torch.equal(weighted_average(combined, "model_change", "uniform", divisor=40), (noised / 40).float())
     assert next_clip == 2.0 and metrics["dp_noise_scale"] == 2.0
-    with pytest.raises(TypeError, match="^privacy.mechanism: the server holds the noised average"):
+    with pytest.raises(TypeError, match="^privacy.mechanism: the server holds the noised sum"):
         len(combined)
 
 
@@ -245,6 +248,32 @@ def test_without_noise_and_clipping_nothing_changes(tmp_path):
     assert loose.history[-1]["dp_epsilon"] is None            # no noise: no privacy (inf, null in JSON)
 
 
+LOOSE = ["privacy.mechanism=gaussian", "privacy.clip_norm=1e6", f"privacy.delta={DELTA}", "privacy.noise_multiplier=0"]
+
+
+def test_mifas_memory_reads_the_noised_sum_divided_by_n(tmp_path):
+    """MIFA's server adds the round's summed differences / N to its memory's average: under central privacy the
+    noised sum (float64) / N; with a clip no upload reaches and z = 0 that is the plain run up to the summation."""
+    plain = run(tmp_path, "plain", "algorithm.name=mifam")
+    loose = run(tmp_path, "loose", *LOOSE, "algorithm.name=mifam")
+    assert not torch.equal(plain.params, loose.params)
+    assert torch.allclose(plain.params, loose.params, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("algorithm", ["gradma_s", "scaffold", "feddyn"])
+def test_local_privacy_noises_what_a_memory_or_a_control_variate_holds(tmp_path, algorithm):
+    """Under local privacy the server, whatever it keeps of each upload (GradMA-S's memory D, SCAFFOLD's and
+    FedDyn's server states), only sees the noised uploads; a clip no upload reaches and z = 0 send each upload's
+    own bits."""
+    plain = run(tmp_path, "plain", f"algorithm.name={algorithm}")
+    loose = run(tmp_path, "loose", *LOOSE, "privacy.scope=local", f"algorithm.name={algorithm}")
+    assert torch.equal(plain.params, loose.params)
+    assert [record["train_loss"] for record in plain.history] == [record["train_loss"] for record in loose.history]
+    noised = run(tmp_path, "noised", *DP, "privacy.noise_multiplier=0.5", "privacy.scope=local",
+                 f"algorithm.name={algorithm}")
+    assert not torch.equal(plain.params, noised.params) and torch.isfinite(noised.params).all()
+
+
 def test_the_budget_stops_the_run_before_the_round_that_would_exceed_it(tmp_path):
     result = run(tmp_path, "budget", *DP, "privacy.noise_multiplier=1.0", "train.target_epsilon=15",
                  "train.rounds=10")
@@ -280,9 +309,12 @@ def test_local_privacy_vectorised_or_not_gives_the_same_run(tmp_path):
     ([*DP], "privacy.mechanism=gaussian needs privacy.noise_multiplier or privacy.target_epsilon"),
     (["privacy.clip_norm=1"], "privacy.clip_norm needs a privacy.mechanism other than none"),
     (["train.target_epsilon=3"], "train.target_epsilon needs a privacy.mechanism other than none"),
-    ([*DP, "privacy.noise_multiplier=1", "algorithm.name=mifa"],
-     "privacy.mechanism=gaussian does not apply with algorithm.name=mifa: its server step reads each client's upload, "
-     "not only the noised average"),
+    ([*DP, "privacy.noise_multiplier=1", "algorithm.name=gradma_s"],
+     "privacy.mechanism=gaussian does not apply with algorithm.name=gradma_s and privacy.scope=central: its server "
+     "step reads each client's upload, not only the noised sum (central applies to: "),
+    ([*DP, "privacy.noise_multiplier=1", "algorithm.name=fedlalr", "privacy.scope=local"],
+     "privacy.mechanism=gaussian does not apply with algorithm.name=fedlalr: its clients upload their models, not "
+     "model changes, and clipping a model shrinks it"),
     ([*DP, "privacy.noise_multiplier=1", "selection.selector=acs"],
      "privacy.mechanism=gaussian does not apply with selection.selector=acs: its draws or weights depend on the "
      "clients' data (sample counts, losses, gradients); use uniform or poisson"),

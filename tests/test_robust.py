@@ -135,6 +135,9 @@ def test_bucketing_averages_buckets_of_a_permutation_then_applies_the_rule():
         combined[0]
     with pytest.raises(ValueError, match="aggregation.rule=median treats every upload alike"):
         weighted_average(combined, "model_change", "uniform", {0: 1.0})
+    # MIFA divides the round's sum by N: the rule's output stands for the mean of the 7 uploads.
+    assert torch.equal(weighted_average(combined, "model_change", "uniform", divisor=20),
+                       (Median()(buckets, None).double() * 7 / 20).float())
 
 
 def test_a_stateful_rule_carries_its_outputs_from_round_to_round():
@@ -274,7 +277,7 @@ def test_a_rule_replaces_the_mean_the_server_step_reads(tmp_path, monkeypatch):
     mean_run = run(tmp_path, "mean")
     assert not torch.equal(median_run.params, mean_run.params)
 
-    def median_average(uploads, name, weighting, weights=None):
+    def median_average(uploads, name, weighting, weights=None, divisor=None):
         return Median()(torch.stack([upload.tensors[name] for upload in uploads.values()]), None)
     monkeypatch.setattr(fedavg, "weighted_average", median_average)
     assert_same_run(median_run, run(tmp_path, "patched"))
@@ -331,8 +334,8 @@ def test_rules_and_attacks_give_the_same_bits_on_either_engine(tmp_path, ray_clu
                                    "geometric_median"),
     (["aggregation.bucket_size=2"], "aggregation.bucket_size=2 needs a robust aggregation.rule: the mean of bucket "
                                     "means is the mean"),
-    (["aggregation.rule=median", "algorithm.name=mifa"], "aggregation.rule=median does not apply to mifa, whose "
-                                                         "server step reads each client's upload"),
+    (["aggregation.rule=median", "algorithm.name=gradma_s"], "aggregation.rule=median does not apply to gradma_s, "
+                                                             "whose server step reads each client's upload"),
     (["aggregation.rule=median", "algorithm.agg_weighting=num_samples"],
      "aggregation.rule=median does not apply with algorithm.agg_weighting=num_samples (the rule weighs every upload "
      "alike)"),

@@ -21,18 +21,25 @@ class RobustUploads(CombinedUploads):
     reason = "aggregation.rule"
     holds = "the rule's output over the round's uploads"
 
-    def __init__(self, aggregates: dict[str, Tensor], rule: str):
+    def __init__(self, aggregates: dict[str, Tensor], rule: str, num_clients: int):
         self.aggregates = aggregates
         self.rule = rule
+        self.num_clients = num_clients
 
-    def average(self, name: str, weighting: str, weights: dict[int, float] | None) -> Tensor:
+    def average(self, name: str, weighting: str, weights: dict[int, float] | None,
+                divisor: int | None = None) -> Tensor:
+        """The rule's output for `name`; with a `divisor` (MIFA's N), the output stands for the mean of the
+        round's uploads, so their sum is it times their count, divided by the divisor."""
         if weights is not None:
             raise ValueError(f"aggregation.rule={self.rule} treats every upload alike; the round's per-client "
                              f"weights (a selector's or staleness's) cannot apply")
         if name not in self.aggregates:
             raise KeyError(f"aggregation.rule={self.rule}: no upload named {name!r} (the clients uploaded "
                            f"{', '.join(map(repr, self.aggregates))})")
-        return self.aggregates[name].clone()
+        aggregate = self.aggregates[name]
+        if divisor is None:
+            return aggregate.clone()
+        return (aggregate.double() * (self.num_clients / divisor)).to(aggregate.dtype)
 
 
 def bucket_means(rows: Tensor, bucket_size: int, permutation: Tensor) -> Tensor:
@@ -58,4 +65,4 @@ def combine(rule: Rule, rule_name: str, tensors: dict[int, dict[str, Tensor]], p
         if permutation is not None:
             rows = bucket_means(rows, bucket_size, permutation.to(rows.device))
         aggregates[name] = rule(rows, previous.get(name) if rule.stateful else None)
-    return RobustUploads(aggregates, rule_name), (dict(aggregates) if rule.stateful else {})
+    return RobustUploads(aggregates, rule_name, len(clients)), (dict(aggregates) if rule.stateful else {})

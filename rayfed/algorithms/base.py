@@ -195,10 +195,11 @@ CAPABILITIES: dict[str, str] = {
                                "server's reply (`client_finish`), such as FedGATE's uncompressed update: a spilled "
                                "state store keeps them in memory for that while instead of giving every client "
                                "room for them on disk.",
-    "linear_uploads": "`engine.partial_sums`: declare it when `server_step` reads the uploads only through "
-                      "`weighted_average` (with the config's agg_weighting and no selector weights). The step is "
-                      "then linear in the uploads, and the workers may hand it their exact sums (SummedUploads) "
-                      "instead of each client's.",
+    "linear_uploads": "`engine.partial_sums`, `aggregation.rule` and central `privacy.*`: declare it when "
+                      "`server_step` reads the uploads only through `weighted_average` (with the config's "
+                      "agg_weighting and no selector weights). The step is then linear in the uploads, and the "
+                      "workers may hand it their exact sums (SummedUploads), the rule its output, the server its "
+                      "noised sum, instead of each client's.",
 }
 
 
@@ -357,13 +358,16 @@ def check_state_declared(algorithm: Algorithm, name: str, state: Any, role: str)
 
 
 def weighted_average(uploads: dict[int, Upload] | CombinedUploads, name: str, weighting: str,
-                     weights: dict[int, float] | None = None) -> Tensor:
+                     weights: dict[int, float] | None = None, divisor: int | None = None) -> Tensor:
     """sum_i w_i * uploads[i].tensors[name] in client-id order; w_i = the selector's `weights` when
-    given, else 1/S or n_i / sum_j n_j. Under engine.partial_sums `uploads` is their exact sum
-    (SummedUploads), divided by S or sum_j n_j once; under an aggregation.rule other than mean, the
-    rule's output (rayfed.aggregation.RobustUploads)."""
+    given, else 1/S or n_i / sum_j n_j. `divisor` replaces S in the uniform average: MIFA's average over
+    all N clients divides the round's sum by N. Under engine.partial_sums `uploads` is their exact sum
+    (SummedUploads), divided once; under an aggregation.rule other than mean, the rule's output
+    (rayfed.aggregation.RobustUploads); under central privacy, the noised sum (rayfed.privacy.central)."""
+    if divisor is not None and weighting != "uniform":
+        raise ValueError(f"weighted_average: a divisor applies to the uniform average, not to {weighting}")
     if isinstance(uploads, CombinedUploads):
-        return uploads.average(name, weighting, weights)
+        return uploads.average(name, weighting, weights, divisor)
     total = torch.zeros_like(next(iter(uploads.values())).tensors[name])
     if weights is not None:
         for client, upload in uploads.items():
@@ -372,7 +376,7 @@ def weighted_average(uploads: dict[int, Upload] | CombinedUploads, name: str, we
     if weighting == "uniform":
         for upload in uploads.values():
             total.add_(upload.tensors[name])
-        return total.div_(len(uploads))
+        return total.div_(len(uploads) if divisor is None else divisor)
     num_samples = sum(upload.num_samples for upload in uploads.values())
     for upload in uploads.values():
         total.add_(upload.tensors[name], alpha=upload.num_samples / num_samples)

@@ -17,7 +17,8 @@ from pydantic import Field
 from torch import Tensor
 
 from rayfed.algorithms.base import (FLOAT32_BYTES, Algorithm, AlgorithmContext, ClientStates, ClientTask, RoundInfo,
-                                    Upload, client_rows, from_keywords, local_sgd, per_client, register_algorithm)
+                                    Upload, client_rows, from_keywords, local_sgd, per_client, register_algorithm,
+                                    weighted_average)
 from rayfed.algorithms.params import AlgorithmParams
 from rayfed.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerState
 from rayfed.fields import Decay
@@ -51,6 +52,9 @@ class MIFA(Algorithm):
     # It averages the latest updates of all N clients: there is no weighting to choose.
     weighted = False
     vectorizable = True
+    # Its step reads the round's uploads only through their sum, divided by N: the weighted average with N
+    # for S, so partial sums, a robust rule's output and central privacy's noised sum apply as to FedAvg's.
+    linear_uploads = True
     fixed: ClassVar[dict[str, Any]] = {"beta1": 0.0}
 
     @classmethod
@@ -89,14 +93,9 @@ class MIFA(Algorithm):
 
     def server_step(self, state: MIFAServerState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[MIFAServerState, dict]:
-        difference_sum = state.average.new_zeros(state.average.shape)
-        if round_info.importances is not None:
-            for client, upload in uploads.items():
-                difference_sum.add_(upload.tensors["model_change_difference"], alpha=round_info.importances[client])
-        else:
-            for upload in uploads.values():
-                difference_sum.add_(upload.tensors["model_change_difference"])
-            difference_sum.div_(round_info.num_clients)                          # always 1/N, never 1/S
+        # Under a weighted selector the importances p_i weigh the differences; else always 1/N, never 1/S.
+        difference_sum = weighted_average(uploads, "model_change_difference", "uniform", round_info.importances,
+                                          divisor=None if round_info.importances is not None else round_info.num_clients)
         average = state.average.add(difference_sum)
         params, optimizer = self.optimizer.step(state.params, average, state.optimizer)   # m += ..., x + eta_g m
         return MIFAServerState(params=params, average=average, optimizer=optimizer), {}

@@ -18,7 +18,8 @@ class CombinedUploads:
     reason = "engine.partial_sums"
     holds = "the sum of the round's uploads"
 
-    def average(self, name: str, weighting: str, weights: dict[int, float] | None) -> Tensor:
+    def average(self, name: str, weighting: str, weights: dict[int, float] | None,
+                divisor: int | None = None) -> Tensor:
         raise NotImplementedError
 
     def _refuse(self, *args, **kwargs):
@@ -38,8 +39,9 @@ class SummedUploads(CombinedUploads):
     num_clients: int        # S, the uniform average's divisor
     num_samples: int        # sum_i n_i, the sample-weighted average's divisor
 
-    def average(self, name: str, weighting: str, weights: dict[int, float] | None) -> Tensor:
-        """weighted_average of `name`: the exact sum divided by S or sum_i n_i, rounded to float32."""
+    def average(self, name: str, weighting: str, weights: dict[int, float] | None,
+                divisor: int | None = None) -> Tensor:
+        """weighted_average of `name`: the exact sum divided by S (or `divisor`) or sum_i n_i, rounded to float32."""
         if weights is not None:
             raise ValueError("engine.partial_sums: the selector's per-client weights cannot apply to summed uploads")
         if weighting != self.weighting:
@@ -48,4 +50,6 @@ class SummedUploads(CombinedUploads):
         if name not in self.sums:
             raise KeyError(f"engine.partial_sums: no upload named {name!r} (the clients uploaded "
                            f"{', '.join(map(repr, self.sums))})")
-        return self.sums[name].mean(self.num_clients if weighting == "uniform" else self.num_samples)
+        if weighting != "uniform":
+            return self.sums[name].mean(self.num_samples)
+        return self.sums[name].mean(self.num_clients if divisor is None else divisor)

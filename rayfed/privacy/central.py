@@ -1,8 +1,8 @@
 """Central differential privacy (privacy.scope=central): the server clips each counted client's
 upload, sums them, adds the mechanism's noise once, and divides by S (train.clients_per_round; under
 Poisson sampling the expected count, DP-FedAvg's fixed denominator, McMahan et al., ICLR 2018,
-arXiv:1710.06963). The algorithm's server step reads that noised average through weighted_average,
-so server momentum, adaptive server optimisers and the rest act on it as on any average."""
+arXiv:1710.06963), or by the divisor the server step asks for (MIFA's N). The algorithm's server step
+reads that noised average through weighted_average, so server momentum, adaptive server optimisers and the rest act on it as on any average."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,22 +18,25 @@ from rayfed.seeding import Purpose, torch_generator
 
 
 class PrivateUploads(CombinedUploads):
-    """Each upload name's noised average: what `weighted_average` returns for it."""
+    """Each upload name's noised sum, which `weighted_average` divides."""
 
     reason = "privacy.mechanism"
-    holds = "the noised average of the round's clipped uploads"
+    holds = "the noised sum of the round's clipped uploads"
 
-    def __init__(self, averages: dict[str, Tensor]):
-        self.averages = averages
+    def __init__(self, sums: dict[str, Tensor], clients_per_round: int):
+        self.sums = sums
+        self.clients_per_round = clients_per_round
 
-    def average(self, name: str, weighting: str, weights: dict[int, float] | None) -> Tensor:
+    def average(self, name: str, weighting: str, weights: dict[int, float] | None,
+                divisor: int | None = None) -> Tensor:
+        """The noised sum of `name` divided by S (or `divisor`), rounded to float32."""
         if weights is not None:
             raise ValueError("privacy.mechanism: the noised sum weighs every client alike; the round's per-client "
                              "weights cannot apply")
-        if name not in self.averages:
+        if name not in self.sums:
             raise KeyError(f"privacy.mechanism: no upload named {name!r} (the clients uploaded "
-                           f"{', '.join(map(repr, self.averages))})")
-        return self.averages[name].clone()
+                           f"{', '.join(map(repr, self.sums))})")
+        return (self.sums[name] / (self.clients_per_round if divisor is None else divisor)).to(torch.float32)
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ class CentralPrivacy:
 
     def combine(self, round: int, tensors: dict[int, dict[str, Tensor]],
                 clip_norm: float) -> tuple[PrivateUploads, dict[str, float], float]:
-        """The round's noised averages from its uploads (client -> name -> vector, in client-id order),
+        """The round's noised sums from its uploads (client -> name -> vector, in client-id order),
         the round's privacy metrics, and the clip norm of the next round. The noise comes from the
         stream (seed, round): the same on any engine and any number of workers."""
         generator = torch_generator(self.seed, Purpose.PRIVACY_NOISE, round)
@@ -68,18 +71,18 @@ class CentralPrivacy:
             for name, value in clipped.items():
                 sums[name] = sums[name].add_(value) if name in sums else value
         signal = torch.cat([total.reshape(-1) for total in sums.values()]) if sums else torch.zeros(0)
-        averages = {}
+        noised = {}
         for name, total in sums.items():
             noise = self.mechanism.noise(total.numel(), scale, generator).reshape(total.shape).to(total.device)
-            averages[name] = ((total + noise) / self.clients_per_round).to(torch.float32)
+            noised[name] = total + noise
         metrics = {"dp_clip_norm": clip_norm, "dp_noise_scale": scale,
                    "dp_signal_to_noise": (float(torch.linalg.vector_norm(signal, ord=self.mechanism.norm))
                                           / (scale * signal.numel() ** (1 / self.mechanism.norm)))
                    if scale > 0 and signal.numel() else float("inf")}
         if not self.adaptive:
-            return PrivateUploads(averages), metrics, clip_norm
+            return PrivateUploads(noised, self.clients_per_round), metrics, clip_norm
         count = unclipped + float(torch.randn(1, generator=generator, dtype=torch.float64)) * self.count_stddev
         fraction = count / self.clients_per_round
         metrics["dp_unclipped_fraction"] = fraction
-        return (PrivateUploads(averages), metrics,
+        return (PrivateUploads(noised, self.clients_per_round), metrics,
                 next_clip_norm(clip_norm, fraction, self.target_quantile, self.clip_learning_rate))
