@@ -136,14 +136,14 @@ def test_summed_uploads_answer_only_weighted_average():
 
 
 LINEAR = ("fedavgm, fedavg, fedprox, fedproxm, fedcom, fedpaq, fedavg_nesterov, fedcomgate, fedgate, fedmlbm, fedmlb, "
-          "fedmos, fedadam, fedyogi, fedadagrad, fedams_v1, fedams_v2, lafedopt, mimelite, moonm, moon, stem")
+          "fedmos, fedadam, fedyogi, fedadagrad, fedams_v1, fedams_v2, lafedopt, mifa, mifam, mimelite, moonm, moon, stem")
 
 
 @pytest.mark.parametrize("overrides, line", [
     (["algorithm.name=scaffold"], "engine.partial_sums does not apply to scaffold, whose server step reads each "
                                   f"client's upload (it applies to: {LINEAR})"),
-    (["algorithm.name=mifa"], "engine.partial_sums does not apply to mifa, whose server step reads each "
-                              f"client's upload (it applies to: {LINEAR})"),
+    (["algorithm.name=gradma_s"], "engine.partial_sums does not apply to gradma_s, whose server step reads each "
+                                  f"client's upload (it applies to: {LINEAR})"),
     (["algorithm.name=fedcom", "compression.name=qsgd"],
      "engine.partial_sums needs compression.name=identity, not qsgd: compressed messages are decoded one by one on "
      "the server"),
