@@ -28,7 +28,7 @@ from rayfed.engine.vectorized import FULL_GRADIENT_CHUNK, BatchedModule, ClientB
 from rayfed.errors import ConfigError, first_line
 from rayfed.models import FlatModel, build_model
 from rayfed.models.forward import ModelForward
-from rayfed.privacy import Privacy
+from rayfed.privacy import local_privacy
 from rayfed.provenance import environment
 from rayfed.seeding import Purpose, derive_seed, seed_global_torch, torch_generator
 
@@ -178,8 +178,7 @@ class ClientWorker:
         self.adversaries = Adversaries.of(config)
         self.num_classes = num_classes
         # privacy.scope=local: each client clips and noises its own upload before it leaves.
-        privacy = Privacy.of(config, self.model.blocks)
-        self.local_privacy = privacy and privacy.local
+        self.local_privacy = local_privacy(config, self.model.blocks)
         # compression.*: the algorithm's upload as it travels to the server.
         self.codec = Codec(config.compression, self.algorithm.compressed_upload, self.model.blocks,
                            self.model.num_params, config.seed)

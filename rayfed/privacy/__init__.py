@@ -37,13 +37,24 @@ def event_of(config, noise_multiplier: float):
                        config.selection.selector, config.data.num_clients, sample_size(config))
 
 
+def local_privacy(config, blocks) -> LocalPrivacy | None:
+    """What a worker's clients need under privacy.scope=local (None otherwise): the mechanism, not the
+    accountant, whose dp-accounting import takes seconds that every worker would pay for nothing."""
+    section = config.privacy
+    mechanism = build_mechanism(section.mechanism)
+    if mechanism is None or section.scope != "local":
+        return None
+    return LocalPrivacy(mechanism, section.noise_multiplier, section.clip_norm, section.per_layer,
+                        tuple(map(tuple, blocks)), config.seed)
+
+
 @dataclass(frozen=True)
 class Privacy:
-    """A run's privacy: its accountant and its central or local mechanism."""
+    """What the server of a private run needs: its accountant and, under privacy.scope=central, the
+    mechanism it applies (under local scope the workers apply it: local_privacy)."""
 
     accountant: "Accountant"
     central: CentralPrivacy | None
-    local: LocalPrivacy | None
     clip_norm: float
 
     @classmethod
@@ -56,14 +67,13 @@ class Privacy:
         from rayfed.privacy.accountant import Accountant
         z = section.noise_multiplier
         accountant = Accountant(section.accountant, event_of(config, z), section.delta)
-        blocks = tuple(map(tuple, blocks))
         if section.scope == "local":
-            return cls(accountant, None, LocalPrivacy(mechanism, z, section.clip_norm, section.per_layer, blocks,
-                                                      config.seed), section.clip_norm)
-        central = CentralPrivacy(mechanism, z, section.per_layer, blocks, config.train.clients_per_round, config.seed,
+            return cls(accountant, None, section.clip_norm)
+        central = CentralPrivacy(mechanism, z, section.per_layer, tuple(map(tuple, blocks)),
+                                 config.train.clients_per_round, config.seed,
                                  section.adaptive_clipping, section.target_quantile, section.clip_learning_rate,
                                  count_stddev(config))
-        return cls(accountant, central, None, section.clip_norm)
+        return cls(accountant, central, section.clip_norm)
 
     def summary(self, rounds: int) -> dict:
         """summary.json's `privacy`: the event accounted for, and the epsilon of the rounds run."""
@@ -72,4 +82,4 @@ class Privacy:
 
 
 __all__ = ["CentralPrivacy", "Gaussian", "Laplace", "LocalPrivacy", "Mechanism", "Privacy", "PrivateUploads",
-           "build_mechanism", "count_stddev", "event_of", "register_mechanism", "sample_size"]
+           "build_mechanism", "count_stddev", "event_of", "local_privacy", "register_mechanism", "sample_size"]
