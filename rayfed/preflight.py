@@ -90,7 +90,7 @@ def resolve(config: Config) -> Config:
         num_clients=config.data.num_clients, clients_per_round=config.train.clients_per_round,
         everyone_every_round=(config.train.clients_per_round == config.data.num_clients
                               and config.systems.availability == "always" and config.train.round_policy == "sync"),
-        compressor=config.compression.name))
+        compressor=config.compression.name, combined_uploads=_combined_uploads(config)))
     _check_dataset_files(config)
     _check_work(config)
     model = check_model(config)
@@ -199,6 +199,17 @@ def _check_combinations(config: Config) -> None:
         raise ConfigError(f"train.eval_train_loss evaluates every client's training samples, which "
                           f"data.dataset={data.dataset} makes on demand; with data.num_clients={data.num_clients} "
                           f"(more than {TRAIN_LOSS_MAX_CLIENTS}) set train.eval_train_loss=false")
+
+
+def _combined_uploads(config: Config) -> str | None:
+    """The setting that hands the server step combined uploads (CombinedUploads), if any."""
+    if config.engine.partial_sums:
+        return "engine.partial_sums=true"
+    if config.aggregation.rule != "mean":
+        return f"aggregation.rule={config.aggregation.rule}"
+    if config.privacy.mechanism != "none" and config.privacy.scope == "central":
+        return f"privacy.mechanism={config.privacy.mechanism} (privacy.scope=central)"
+    return None
 
 
 def _check_partial_sums(config: Config) -> None:
@@ -366,9 +377,6 @@ def _resolve_privacy(config: Config) -> None:
          f"algorithm.name={name} and privacy.scope=central: its server step reads each client's upload, not only "
          f"the noised sum (central applies to: {', '.join(_algorithms_that(lambda cls: cls.linear_uploads))}; "
          f"privacy.scope=local noises each upload)"),
-        (_algorithm_class(config).averages_models,
-         f"algorithm.name={name}: its clients upload their models, not model changes, and clipping a model "
-         f"shrinks it"),
         (config.aggregation.rule != "mean",
          f"aggregation.rule={config.aggregation.rule}: the noise is calibrated to a sum's sensitivity, not the rule's"),
         (selector not in ("uniform", "poisson"),

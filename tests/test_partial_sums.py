@@ -135,7 +135,8 @@ def test_summed_uploads_answer_only_weighted_average():
         uploads.average("other", "num_samples", None)
 
 
-LINEAR = ("fedavgm, fedavg, fedprox, fedproxm, fedcom, fedpaq, fedavg_nesterov, fedcomgate, fedgate, fedmlbm, fedmlb, "
+LINEAR = ("fedavgm, fedavg, fedprox, fedproxm, fedcom, fedpaq, fedavg_nesterov, fedcomgate, fedgate, fedlalr, "
+          "local_amsgrad, fedmlbm, fedmlb, "
           "fedmos, fedadam, fedyogi, fedadagrad, fedams_v1, fedams_v2, lafedopt, mifa, mifam, mimelite, moonm, moon, stem")
 
 
@@ -144,6 +145,11 @@ LINEAR = ("fedavgm, fedavg, fedprox, fedproxm, fedcom, fedpaq, fedavg_nesterov, 
                                   f"client's upload (it applies to: {LINEAR})"),
     (["algorithm.name=gradma_s"], "engine.partial_sums does not apply to gradma_s, whose server step reads each "
                                   f"client's upload (it applies to: {LINEAR})"),
+    (["algorithm.name=fedlalr", "algorithm.vhat_agg=max"],
+     "algorithm.vhat_agg=max (Algorithm 3) takes the largest of each client's v_hat, which engine.partial_sums=true "
+     "does not hand the server: use vhat_agg=mean"),
+    (["algorithm.name=fedlalr", "algorithm.trace_v_hat=true"],
+     "algorithm.trace_v_hat logs each client's trace, which engine.partial_sums=true does not hand the server"),
     (["algorithm.name=fedcom", "compression.name=qsgd"],
      "engine.partial_sums needs compression.name=identity, not qsgd: compressed messages are decoded one by one on "
      "the server"),

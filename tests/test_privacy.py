@@ -262,6 +262,42 @@ def test_mifas_memory_reads_the_noised_sum_divided_by_n(tmp_path):
     assert torch.allclose(plain.params, loose.params, rtol=0, atol=1e-5)
 
 
+def test_an_algorithm_that_averages_models_is_clipped_on_its_changes_from_the_broadcast():
+    """FedLALR's clients upload x_i, m_i and v_hat_i: the server averages x_t + (sum_i clip(u_i - x_t) + noise) / S."""
+    reference = {"params": torch.full((4,), 10.0), "v_hat": torch.full((2,), 1.0)}
+    uploads = {client: {"params": reference["params"] + client + 1.0, "v_hat": reference["v_hat"] * 2}
+               for client in range(3)}
+    private = CentralPrivacy(Gaussian(), 0.5, False, (), 3, seed=2)
+    combined, _, _ = private.combine(1, uploads, 1.5, reference)
+    generator = torch_generator(2, Purpose.PRIVACY_NOISE, 1)
+    clipped = [clip({name: upload[name].double() - reference[name].double() for name in upload}, 1.5, 2, False,
+                    None)[0] for upload in uploads.values()]
+    for name, size in (("params", 4), ("v_hat", 2)):
+        noise = torch.randn(size, generator=generator, dtype=torch.float64) * 0.75
+        expected = ((sum(change[name] for change in clipped) + noise) / 3 + reference[name].double()).float()
+        assert torch.equal(weighted_average(combined, name, "uniform"), expected)
+    local = LocalPrivacy(Gaussian(), 0.5, 1.5, False, (), seed=2).privatize(uploads[0], 1, 0, reference)
+    assert torch.allclose(local["params"], reference["params"] + clipped[0]["params"].float(), atol=3.0)
+    assert not torch.equal(local["params"], uploads[0]["params"])
+
+
+@pytest.mark.parametrize("scope", ["central", "local"])
+def test_fedlalrs_model_average_composes_with_privacy(tmp_path, scope):
+    """With a clip no change reaches and z = 0: locally each client sends its own bits (x_t + (x_i - x_t) in
+    float64 is x_i); centrally the average is the plain one up to its float32 rounding, compared after one
+    round because AMSGrad's 1 / sqrt(v_hat), v_hat starting at eps^2, amplifies rounding from round 2 on."""
+    rounds = "train.rounds=4" if scope == "local" else "train.rounds=1"
+    plain = run(tmp_path, "plain", "algorithm.name=fedlalr", rounds)
+    loose = run(tmp_path, f"loose_{scope}", *LOOSE, f"privacy.scope={scope}", "algorithm.name=fedlalr", rounds)
+    if scope == "local":
+        assert torch.equal(plain.params, loose.params)
+    else:
+        assert torch.allclose(plain.params, loose.params, rtol=0, atol=1e-6)
+    noised = run(tmp_path, f"noised_{scope}", *DP, "privacy.noise_multiplier=0.5", f"privacy.scope={scope}",
+                 "algorithm.name=fedlalr")
+    assert not torch.equal(plain.params, noised.params) and torch.isfinite(noised.params).all()
+
+
 @pytest.mark.parametrize("algorithm", ["gradma_s", "scaffold", "feddyn"])
 def test_local_privacy_noises_what_a_memory_or_a_control_variate_holds(tmp_path, algorithm):
     """Under local privacy the server, whatever it keeps of each upload (GradMA-S's memory D, SCAFFOLD's and
@@ -314,9 +350,9 @@ def test_local_privacy_vectorised_or_not_gives_the_same_run(tmp_path):
     ([*DP, "privacy.noise_multiplier=1", "algorithm.name=gradma_s"],
      "privacy.mechanism=gaussian does not apply with algorithm.name=gradma_s and privacy.scope=central: its server "
      "step reads each client's upload, not only the noised sum (central applies to: "),
-    ([*DP, "privacy.noise_multiplier=1", "algorithm.name=fedlalr", "privacy.scope=local"],
-     "privacy.mechanism=gaussian does not apply with algorithm.name=fedlalr: its clients upload their models, not "
-     "model changes, and clipping a model shrinks it"),
+    ([*DP, "privacy.noise_multiplier=1", "algorithm.name=fedlalr", "algorithm.vhat_agg=max"],
+     "algorithm.vhat_agg=max (Algorithm 3) takes the largest of each client's v_hat, which privacy.mechanism=gaussian "
+     "(privacy.scope=central) does not hand the server: use vhat_agg=mean"),
     ([*DP, "privacy.noise_multiplier=1", "selection.selector=acs"],
      "privacy.mechanism=gaussian does not apply with selection.selector=acs: its draws or weights depend on the "
      "clients' data (sample counts, losses, gradients); use uniform or poisson"),

@@ -166,7 +166,8 @@ CAPABILITIES: dict[str, str] = {
                           "where an upload is a model change.",
     "averages_models": "Says its server averages the clients' models, not model changes: such an average needs "
                        "weights that sum to 1 in every round, so `train.round_policy=async_buffered` and "
-                       "`selection.selector=ucs` with `ucs_variant=paper` are refused.",
+                       "`selection.selector=ucs` with `ucs_variant=paper` are refused. Each upload is named as the "
+                       "broadcast tensor it replaces: `privacy.*` clips and noises its change from that tensor.",
     "takes_compression": "`compression.*` may encode its `compressed_upload` (an algorithm may name the upload "
                          "its reply reads without taking compression, as FedGATE does); `compression.downlink` "
                          "also needs `replies`.",

@@ -50,6 +50,17 @@ class FedLALRParams(LocalAMSGradParams):
                                                                  "(max: Algorithm 3)")
     trace_v_hat: Flag = Field(False, description="log each participant's ||v_hat||^2 after every local step")
 
+    def check(self, run: RunFacts) -> None:
+        super().check(run)
+        if run.combined_uploads is None:
+            return
+        if self.vhat_agg == "max":
+            raise ConfigError(f"algorithm.vhat_agg=max (Algorithm 3) takes the largest of each client's v_hat, "
+                              f"which {run.combined_uploads} does not hand the server: use vhat_agg=mean")
+        if self.trace_v_hat:
+            raise ConfigError(f"algorithm.trace_v_hat logs each client's trace, which {run.combined_uploads} does "
+                              f"not hand the server")
+
 
 @dataclass
 class FedLALRState:
@@ -69,6 +80,9 @@ class FedLALR(Algorithm):
     # Clients upload models and moments, not changes: averaging those of clients that started from
     # older server versions would pull the model back and let v_hat fall.
     averages_models = True
+    # With vhat_agg=mean (and no trace) its step reads the uploads only through weighted_average;
+    # FedLALRParams.check refuses the other settings where uploads come combined.
+    linear_uploads = True
     runs_async = False
     fixed: ClassVar[dict[str, Any]] = {}
     keeps_client_state = False

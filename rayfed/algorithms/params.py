@@ -30,6 +30,9 @@ class RunFacts:
     """Every client trains in every round: S = N, always online, synchronous rounds."""
     compressor: str
     """compression.name."""
+    combined_uploads: str | None = None
+    """What hands the server step the round's uploads already combined instead of each client's
+    (engine.partial_sums, an aggregation.rule, central privacy), as the config names it; None: nothing."""
 
 
 class AlgorithmParams(BaseModel):

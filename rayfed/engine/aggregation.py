@@ -58,8 +58,10 @@ class Aggregation:
                                                {client: upload.tensors for client, upload in uploads.items()},
                                                self.rule_state, self.bucket_size, self.seed, round)
         elif self.private is not None:
+            # An algorithm that averages models is clipped on its clients' changes from what it broadcast.
+            reference = self.algorithm.broadcast(self.state) if self.algorithm.averages_models else None
             uploads, privacy_metrics, self.clip_norm = self.private.combine(
-                round, {client: upload.tensors for client, upload in uploads.items()}, self.clip_norm)
+                round, {client: upload.tensors for client, upload in uploads.items()}, self.clip_norm, reference)
         self.state, metrics = self.algorithm.server_step(
             self.state, uploads,
             RoundInfo(round=round, sampled=tuple(order), num_clients=self.num_clients, weights=weights,

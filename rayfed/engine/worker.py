@@ -226,7 +226,7 @@ class ClientWorker:
             upload, client_buffers = self._train_clients_together(round, client_ids, tensors, buffers, seed)
             results = WorkerResult.from_stacked(client_ids, upload, client_buffers).unpack()
             for result in results:
-                self._encode(result.upload, round, result.client_id)
+                self._encode(result.upload, round, result.client_id, tensors)
             trained = time.perf_counter()
             packed = WorkerResult.pack(results) if weighting is None else WorkerSums.pack(results, weighting)
         else:
@@ -265,7 +265,7 @@ class ClientWorker:
         task = self._training_task(client_task, round, client_task.num_samples)
         upload, state = self.algorithm.client_train(task, tensors, self._state_of(client_id))
         upload.metrics["local_steps"] = task.steps
-        self._encode(upload, round, client_id)
+        self._encode(upload, round, client_id, tensors)
         self._keep(client_id, state)
         upload.tensors = {name: t.cpu() for name, t in upload.tensors.items()}
         return ClientResult(client_id, upload, self.model.buffers.cpu().clone())
@@ -275,11 +275,13 @@ class ClientWorker:
         state = self.client_states.get(client_id)
         return self.algorithm.client_init(client_id) if state is None else state
 
-    def _encode(self, upload: Upload, round: int, client_id: int) -> None:
+    def _encode(self, upload: Upload, round: int, client_id: int, down: dict[str, Tensor]) -> None:
         """The upload as it travels (privacy.scope=local, compression.*), kept as the server decodes it where the
-        server replies."""
+        server replies. `down`: the round's broadcast, from which an algorithm that averages models has its
+        changes clipped."""
         if self.local_privacy is not None:
-            upload.tensors = self.local_privacy.privatize(upload.tensors, round, client_id)
+            upload.tensors = self.local_privacy.privatize(upload.tensors, round, client_id,
+                                                          down if self.algorithm.averages_models else None)
         sent = self.codec.encode(upload, round, client_id)
         if self.algorithm.replies:
             self.sent_updates[client_id] = sent

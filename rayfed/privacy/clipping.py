@@ -42,5 +42,15 @@ def clip(tensors: dict[str, Tensor], clip_norm: float, norm: int, per_layer: boo
     return clipped, joint
 
 
+def changes(tensors: dict[str, Tensor], reference: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Each upload's change (float64) from the tensor of the same name in `reference`: what is clipped for an
+    algorithm whose clients upload models (averages_models), each named as the broadcast tensor it replaces."""
+    missing = [name for name in tensors if name not in reference]
+    if missing:
+        raise KeyError(f"privacy: upload {missing[0]!r} of an algorithm that averages models has no broadcast tensor "
+                       f"of that name to take its change from (broadcast: {', '.join(map(repr, reference))})")
+    return {name: tensor.double() - reference[name].double().to(tensor.device) for name, tensor in tensors.items()}
+
+
 def _norm(vector: Tensor, norm: int) -> float:
     return float(torch.linalg.vector_norm(vector, ord=norm))

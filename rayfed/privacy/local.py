@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rayfed.privacy.clipping import clip
+from rayfed.privacy.clipping import changes, clip
 from rayfed.privacy.mechanism import Mechanism
 from rayfed.seeding import Purpose, torch_generator
 
@@ -22,10 +22,17 @@ class LocalPrivacy:
     blocks: tuple[tuple[int, int], ...]
     seed: int
 
-    def privatize(self, tensors: dict[str, Tensor], round: int, client_id: int) -> dict[str, Tensor]:
-        """The upload's tensors as the client sends them: clipped, plus noise of scale z C (float32)."""
+    def privatize(self, tensors: dict[str, Tensor], round: int, client_id: int,
+                  reference: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+        """The upload's tensors as the client sends them: clipped, plus noise of scale z C (float32). With
+        `reference` (an algorithm that averages models: the broadcast) the change from it is clipped and
+        noised, and sent added back to it."""
         generator = torch_generator(self.seed, Purpose.PRIVACY_NOISE, round, client_id)
-        clipped, _ = clip(tensors, self.clip_norm, self.mechanism.norm, self.per_layer, list(self.blocks))
+        clipped, _ = clip(tensors if reference is None else changes(tensors, reference), self.clip_norm,
+                          self.mechanism.norm, self.per_layer, list(self.blocks))
         scale = self.noise_multiplier * self.clip_norm
-        return {name: (value + self.mechanism.noise(value.numel(), scale, generator).reshape(value.shape)
-                       .to(value.device)).to(torch.float32) for name, value in clipped.items()}
+        sent = {}
+        for name, value in clipped.items():
+            value = value + self.mechanism.noise(value.numel(), scale, generator).reshape(value.shape).to(value.device)
+            sent[name] = (value if reference is None else value + reference[name].double()).to(torch.float32)
+        return sent
