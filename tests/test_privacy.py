@@ -9,6 +9,8 @@ import math
 import dp_accounting
 import numpy as np
 import pytest
+import scipy.optimize
+import scipy.stats
 import torch
 from dp_accounting import NeighboringRelation
 from dp_accounting.pld import privacy_loss_distribution
@@ -68,10 +70,23 @@ def test_uniform_sampling_is_accounted_as_sampling_without_replacement_with_repl
     assert Accountant("rdp", event, DELTA).epsilon(40) == pytest.approx(independent.get_epsilon(DELTA), rel=1e-12)
 
 
-def test_local_reports_compose_over_the_rounds():
-    event = round_event(Gaussian(), 4.0, "local", "uniform", 500, 25)
-    independent = RdpAccountant().compose(dp_accounting.GaussianDpEvent(2.0), 12).get_epsilon(DELTA)
-    assert Accountant("rdp", event, DELTA).epsilon(12) == pytest.approx(independent, rel=1e-12)
+def gaussian_epsilon(mu, delta):
+    """The exact epsilon at delta of a Gaussian mechanism of sensitivity / deviation mu (Balle and Wang, ICML
+    2018, Theorem 8: delta = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu))."""
+    return scipy.optimize.brentq(lambda eps: scipy.stats.norm.cdf(mu / 2 - eps / mu)
+                                 - math.exp(eps) * scipy.stats.norm.cdf(-mu / 2 - eps / mu) - delta, 0, 200)
+
+
+@pytest.mark.parametrize("z, rounds", [(4.0, 12), (1.0, 3)])
+def test_local_reports_compose_over_the_rounds(z, rounds):
+    """A client's report moves by at most 2C when its data is replaced and carries noise zC: t of them are one
+    Gaussian mechanism with mu = 2 sqrt(t) / z, whose exact epsilon PLD meets and RDP bounds."""
+    event = round_event(Gaussian(), z, "local", "uniform", 500, 25)
+    exact = gaussian_epsilon(2 * math.sqrt(rounds) / z, DELTA)
+    assert Accountant("pld", event, DELTA).epsilon(rounds) == pytest.approx(exact, rel=1e-3)
+    assert exact < Accountant("rdp", event, DELTA).epsilon(rounds) < 1.2 * exact
+    independent = RdpAccountant().compose(dp_accounting.GaussianDpEvent(z / 2), rounds).get_epsilon(DELTA)
+    assert Accountant("rdp", event, DELTA).epsilon(rounds) == pytest.approx(independent, rel=1e-12)
 
 
 def test_laplace_with_poisson_sampling_is_accounted_by_pld():

@@ -8,8 +8,11 @@ uses, and the epsilon of the rounds so far under RDP or PLD accounting (Google's
                                  overcommit): SampledWithoutReplacementDpEvent(N, S, mechanism(z / 2)),
                                  replace-one neighbours (its only accounting in dp-accounting, RDP), whose
                                  sensitivity is 2C: one clipped upload replaced by another
-    privacy.scope=local          each client's own report: mechanism(z / 2) (replace-one), composed over
-                                 the rounds so far, a bound for a client that took part in every one
+    privacy.scope=local          each client's own report, composed over the rounds so far (a bound for a
+                                 client that took part in every one): replace-one neighbours, under which
+                                 a report moves by at most 2C, given to the accountants as mechanism(z / 2)
+                                 at sensitivity 1 (add-or-remove), which both read alike; dp-accounting's
+                                 PLD accountant under replace-one would double the sensitivity again
 
 A round's event is the same in every round, so the epsilon after t rounds is that of t
 compositions: under RDP t times one round's RDP at each order (computed once), under PLD the
@@ -41,18 +44,21 @@ class RoundEvent:
     """What one round releases, as dp-accounting models it."""
 
     event: dp_accounting.DpEvent
-    neighbours: NeighboringRelation
-    noise_multiplier: float     # z of the run (0: no noise, no privacy)
+    neighbours: NeighboringRelation     # the relation the accountants are given
+    noise_multiplier: float             # z of the run (0: no noise, no privacy)
+    meaning: str = ""                   # what the event stands for, where the relation given does not say it
 
     def describe(self) -> str:
-        return f"{self.event} ({self.neighbours.name.lower()} neighbours)"
+        return f"{self.event} ({self.meaning or self.neighbours.name.lower() + ' neighbours'})"
 
 
 def round_event(mechanism: Mechanism, noise_multiplier: float, scope: str, selector: str, num_clients: int,
                 sample_size: int) -> RoundEvent:
     """The event of one round: `sample_size` is S, the clients a round samples (more under overcommit)."""
     if scope == "local":
-        return RoundEvent(mechanism.event(noise_multiplier / 2), NeighboringRelation.REPLACE_ONE, noise_multiplier)
+        return RoundEvent(mechanism.event(noise_multiplier / 2), NeighboringRelation.ADD_OR_REMOVE_ONE,
+                          noise_multiplier, "replace-one neighbours: a report moves by at most 2C, so z / 2 at "
+                                            "sensitivity 1")
     if selector == "poisson":
         return RoundEvent(dp_accounting.PoissonSampledDpEvent(sample_size / num_clients,
                                                               mechanism.event(noise_multiplier)),
