@@ -42,7 +42,7 @@ AVAILABILITIES = ("always", "bernoulli", "markov", "trace")
 NORMALIZATIONS = ("channel", "half")
 UCS_VARIANTS = ("paper", "reference_code")
 PRIVACY_SCOPES = ("central", "local")
-PRIVACY_ACCOUNTANTS = ("rdp", "pld")
+PRIVACY_ACCOUNTANTS = ("rdp", "pld", "prv")
 # engine.cpu_isa: the x86 instruction sets ATen accepts as ATEN_CPU_CAPABILITY (rayfed.provenance applies them).
 CPU_ISAS = ("default", "avx2", "avx512")
 # The adaptive interval's defaults: FedLALR's (k_init, k_alpha) = (4, 2) setting (arXiv:2309.09719, Sec. V-D).
@@ -547,7 +547,8 @@ class PrivacyConfig(_Section):
     """δ of the (ε, δ) guarantee the accountant reports. Required."""
     accountant: Literal[PRIVACY_ACCOUNTANTS] = "rdp"
     """`rdp` (Rényi DP, ε every round) or `pld` (privacy loss distributions, tighter; ε at evaluated rounds, about a
-    second each), both Google's dp-accounting."""
+    second each), both Google's dp-accounting; or `prv` (privacy random variables, Gopi et al., NeurIPS 2021, the
+    prv-accountant package, as pfl-research; its upper bound, at evaluated rounds)."""
     adaptive_clipping: Flag = False
     """Move C each round towards the `target_quantile` of the clients' update norms (Andrew et al., NeurIPS 2021),
     paying for the count it learns out of z; central scope, whole-upload clipping."""

@@ -16,6 +16,9 @@ from dp_accounting import NeighboringRelation
 from dp_accounting.pld import privacy_loss_distribution
 from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
 from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
+from prv_accountant import PRVAccountant
+from prv_accountant.privacy_random_variables import (GaussianMechanism, LaplaceMechanism,
+                                                     PoissonSubsampledGaussianMechanism)
 
 import rayfed
 from rayfed.algorithms.base import weighted_average
@@ -59,6 +62,37 @@ def test_poisson_pld_epsilon_is_pfl_researchs():
     pfl = pld.self_compose(rounds).get_epsilon_for_delta(DELTA)
     ours = Accountant("pld", round_event(Gaussian(), z, "central", "poisson", 1000, 10), DELTA).epsilon(rounds)
     assert ours == pytest.approx(pfl, rel=1e-3)
+
+
+def prv_bounds(prv, rounds):
+    """(lower bound, estimate, upper bound) of epsilon at DELTA, as pfl-research's PRVPrivacyAccountant composes them
+    (pfl/privacy/privacy_accountant.py, v0.6.0: eps_error 0.07, delta_error 1e-10; it reports the estimate)."""
+    return PRVAccountant(prvs=prv, max_self_compositions=rounds, eps_error=0.07,
+                         delta_error=1e-10).compute_epsilon(DELTA, rounds)
+
+
+def test_prv_epsilon_is_pfl_researchs_upper_bound_and_brackets_pld():
+    """rayfed reports PRV's upper bound (a guarantee), within 0.07 of the estimate pfl-research reports; dp-accounting's
+    PLD epsilon, computed by another method, lies between PRV's bounds."""
+    q, z, rounds = 0.01, 1.1, 500
+    lower, estimate, upper = prv_bounds(PoissonSubsampledGaussianMechanism(sampling_probability=q, noise_multiplier=z),
+                                        rounds)
+    event = round_event(Gaussian(), z, "central", "poisson", 1000, 10)
+    assert Accountant("prv", event, DELTA).epsilon(rounds) == upper
+    assert upper - estimate == pytest.approx(0.07, rel=1e-4)
+    assert lower <= Accountant("pld", event, DELTA).epsilon(rounds) <= upper
+
+
+def test_prv_brackets_the_exact_epsilon_of_local_gaussian_reports():
+    z, rounds = 4.0, 12
+    event = round_event(Gaussian(), z, "local", "uniform", 500, 25)
+    lower, _, upper = prv_bounds(GaussianMechanism(noise_multiplier=z / 2), rounds)
+    assert lower <= gaussian_epsilon(2 * math.sqrt(rounds) / z, DELTA) <= upper
+    assert Accountant("prv", event, DELTA).epsilon(rounds) == upper
+    laplace = round_event(Laplace(), z, "local", "uniform", 500, 25)
+    lower, _, upper = prv_bounds(LaplaceMechanism(mu=2 / z), rounds)
+    assert Accountant("prv", laplace, DELTA).epsilon(rounds) == upper
+    assert lower <= Accountant("pld", laplace, DELTA).epsilon(rounds) <= upper
 
 
 def test_uniform_sampling_is_accounted_as_sampling_without_replacement_with_replace_one_neighbours():
@@ -142,13 +176,14 @@ def test_the_sampler_draws_as_its_event_says(selector):
         assert abs(counts.mean() - 8) < 0.15 and abs(counts.var() - 40 * 0.2 * 0.8) < 0.6
 
 
-def test_a_target_epsilon_solves_for_the_smallest_noise_that_keeps_it():
+@pytest.mark.parametrize("accountant", ["rdp", "prv"])
+def test_a_target_epsilon_solves_for_the_smallest_noise_that_keeps_it(accountant):
     """Under Poisson sampling, whose RDP is quick to compute (sampling without replacement's takes seconds a z)."""
-    poisson = [*DP, "selection.selector=poisson", "train.rounds=30"]
+    poisson = [*DP, "selection.selector=poisson", "train.rounds=30", f"privacy.accountant={accountant}"]
     resolved = config(*poisson, "privacy.target_epsilon=4")
     z = resolved.privacy.noise_multiplier
-    spent = Accountant("rdp", event_of(resolved, z), DELTA).epsilon(30)
-    assert spent <= 4 and Accountant("rdp", event_of(resolved, z * 0.999), DELTA).epsilon(30) > 4
+    spent = Accountant(accountant, event_of(resolved, z), DELTA).epsilon(30)
+    assert spent <= 4 and Accountant(accountant, event_of(resolved, z * 0.999), DELTA).epsilon(30) > 4
     assert config(*poisson, f"privacy.noise_multiplier={z}",
                   "privacy.target_epsilon=4").privacy.noise_multiplier == z      # a resolved config.yaml loads again
 
@@ -253,6 +288,17 @@ def test_a_private_run_logs_its_epsilon_every_round_to_every_output(tmp_path):
     assert main(["report", str(result.run_dir), "--out", str(tmp_path / "report")]) == 0
     table = (tmp_path / "report" / "report.md").read_text()
     assert "| epsilon |" in table and f"{accountant.epsilon(4):.4f}" in table
+
+
+def test_a_prv_run_logs_its_upper_bound_at_the_evaluated_rounds(tmp_path):
+    prv = [*DP, "privacy.noise_multiplier=1.0", "selection.selector=poisson", "privacy.accountant=prv",
+           "train.eval_every=2"]
+    result = run(tmp_path, "prv", *prv)
+    accountant = Accountant("prv", event_of(config(*prv), 1.0), DELTA)
+    assert {record["round"]: record["dp_epsilon"] for record in result.history if "dp_epsilon" in record} == {
+        2: accountant.epsilon(2), 4: accountant.epsilon(4)}
+    assert result.summary["privacy"]["accountant"] == "prv" and result.summary["privacy"]["epsilon"] == \
+        accountant.epsilon(4)
 
 
 def test_without_noise_and_clipping_nothing_changes(tmp_path):
@@ -380,6 +426,9 @@ def test_local_privacy_vectorised_or_not_gives_the_same_run(tmp_path):
     ([*DP, "privacy.noise_multiplier=1", "systems.availability=bernoulli"],
      "privacy.mechanism=gaussian does not apply with systems.availability=bernoulli: who is online changes each "
      "client's chance of being sampled, which the accountant's event does not describe"),
+    ([*DP, "privacy.noise_multiplier=1", "privacy.accountant=prv"],
+     "privacy.accountant=prv has no account of privacy.mechanism=gaussian with selection.selector=uniform "
+     "(privacy.scope=central); privacy.accountant=rdp has one"),
     ([*DP, "privacy.noise_multiplier=1", "privacy.accountant=pld"],
      "privacy.accountant=pld has no account of privacy.mechanism=gaussian with selection.selector=uniform "
      "(privacy.scope=central); privacy.accountant=rdp has one"),

@@ -1,5 +1,6 @@
 """The privacy accountant: the dp-accounting event of one round, derived from the sampler the run
-uses, and the epsilon of the rounds so far under RDP or PLD accounting (Google's dp-accounting).
+uses, and the epsilon of the rounds so far under RDP or PLD accounting (Google's dp-accounting) or
+PRV accounting (Gopi, Lee, Wutschitz, NeurIPS 2021, arXiv:2106.02848: the prv-accountant package).
 
     selection.selector=poisson   each client independently with q = S / N:
                                  PoissonSampledDpEvent(q, mechanism(z)), add-or-remove-one neighbours,
@@ -16,7 +17,9 @@ uses, and the epsilon of the rounds so far under RDP or PLD accounting (Google's
 
 A round's event is the same in every round, so the epsilon after t rounds is that of t
 compositions: under RDP t times one round's RDP at each order (computed once), under PLD the
-t-fold self-composition (about a second each, so a run reports it at its evaluated rounds)."""
+t-fold self-composition (about a second each, so a run reports it at its evaluated rounds), under
+PRV the upper bound of the t-fold composition's epsilon (within privacy.prv_eps_error of the estimate
+pfl-research reports; a tenth of a second, also at evaluated rounds)."""
 from __future__ import annotations
 
 import contextlib
@@ -26,6 +29,7 @@ import math
 from dataclasses import dataclass
 
 import dp_accounting
+import numpy
 from dp_accounting import NeighboringRelation
 from dp_accounting.mechanism_calibration import LowerEndpointAndGuess, calibrate_dp_mechanism
 from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
@@ -33,7 +37,10 @@ from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant, compute_epsi
 
 from rayfed.privacy.mechanism import Mechanism
 
-ACCOUNTANTS = ("rdp", "pld")
+ACCOUNTANTS = ("rdp", "pld", "prv")
+# pfl-research's PRVPrivacyAccountant defaults: the largest error allowed in epsilon, and in delta.
+PRV_EPS_ERROR = 0.07
+PRV_DELTA_ERROR = 1e-10
 # Where the search for z starts from below: at z = 0 the sampled Gaussian's RDP is not defined, and below
 # about 0.1 dp-accounting's subsampled Laplace overflows.
 MIN_NOISE_MULTIPLIER = 0.1
@@ -85,8 +92,25 @@ def fresh_accountant(kind: str, neighbours: NeighboringRelation):
     return RdpAccountant(neighboring_relation=neighbours) if kind == "rdp" else PLDAccountant(neighbours)
 
 
+def prv_of(event: dp_accounting.DpEvent):
+    """The privacy random variable of one round's event (add-or-remove neighbours, sensitivity 1), or None where
+    prv-accountant has none: Poisson-sampled Gaussian, Gaussian, Laplace (its privacy loss bound is 1 / b)."""
+    from prv_accountant.privacy_random_variables import (GaussianMechanism, LaplaceMechanism,
+                                                         PoissonSubsampledGaussianMechanism)
+    if isinstance(event, dp_accounting.PoissonSampledDpEvent) and isinstance(event.event, dp_accounting.GaussianDpEvent):
+        return PoissonSubsampledGaussianMechanism(sampling_probability=event.sampling_probability,
+                                                  noise_multiplier=event.event.noise_multiplier)
+    if isinstance(event, dp_accounting.GaussianDpEvent):
+        return GaussianMechanism(noise_multiplier=event.noise_multiplier)
+    if isinstance(event, dp_accounting.LaplaceDpEvent):
+        return LaplaceMechanism(mu=1 / event.noise_multiplier)
+    return None
+
+
 def supported(kind: str, event: RoundEvent) -> bool:
-    """Whether dp-accounting's `kind` accountant can account for the event."""
+    """Whether the `kind` accountant can account for the event."""
+    if kind == "prv":
+        return event.neighbours == NeighboringRelation.ADD_OR_REMOVE_ONE and prv_of(event.event) is not None
     return fresh_accountant(kind, event.neighbours).supports(event.event)
 
 
@@ -114,6 +138,13 @@ class Accountant:
         if self.kind == "rdp":
             orders, rdp = self._one_round_rdp
             return float(compute_epsilon(orders, rounds * rdp, self.delta)[0])
+        if self.kind == "prv":
+            from prv_accountant import PRVAccountant
+            # Its Poisson-sampled Gaussian overflows exp() far in the tails, harmlessly (those points are inf).
+            with numpy.errstate(over="ignore"):
+                accountant = PRVAccountant(prvs=[prv_of(self.event.event)], max_self_compositions=[rounds],
+                                           eps_error=PRV_EPS_ERROR, delta_error=PRV_DELTA_ERROR)
+                return float(accountant.compute_epsilon(self.delta, [rounds])[2])
         accountant = fresh_accountant("pld", self.event.neighbours)
         accountant.compose(self.event.event, rounds)
         return float(accountant.get_epsilon(self.delta))
@@ -133,12 +164,30 @@ def calibrate(kind: str, make_event, target_epsilon: float, delta: float, rounds
     """The noise multiplier z whose `rounds` rounds of make_event(z) spend `target_epsilon` at `delta`,
     by dp-accounting's search, rounded up to 4 significant digits (so the budget is kept)."""
     neighbours = make_event(1.0).neighbours
-    if Accountant(kind, make_event(MIN_NOISE_MULTIPLIER), delta).epsilon(rounds) <= target_epsilon:
+    # PRV takes seconds at z this small; RDP's epsilon bounds it from above, which is what the check needs.
+    if Accountant("rdp" if kind == "prv" else kind, make_event(MIN_NOISE_MULTIPLIER), delta).epsilon(rounds) <= \
+            target_epsilon:
         raise ValueError(f"{rounds} rounds with noise multiplier {MIN_NOISE_MULTIPLIER} already spend at most "
                          f"epsilon {target_epsilon}: set privacy.noise_multiplier instead")
+    if kind == "prv":
+        z = _bisect(lambda value: Accountant(kind, make_event(value), delta).epsilon(rounds) <= target_epsilon, 1e-5)
+        digits = 3 - math.floor(math.log10(z))
+        return math.ceil(z * 10 ** digits) / 10 ** digits
     with quiet_absl():
         z = calibrate_dp_mechanism(lambda: fresh_accountant(kind, neighbours),
                                    lambda value: dp_accounting.SelfComposedDpEvent(make_event(value).event, rounds),
                                    target_epsilon, delta, LowerEndpointAndGuess(MIN_NOISE_MULTIPLIER, 1.0), tol=1e-6)
     digits = 3 - math.floor(math.log10(z))
     return math.ceil(z * 10 ** digits) / 10 ** digits
+
+
+def _bisect(keeps, tolerance: float) -> float:
+    """The smallest z above MIN_NOISE_MULTIPLIER (which does not keep the budget) for which `keeps(z)`, to within
+    `tolerance` relative, returned from above (it keeps the budget)."""
+    low, high = MIN_NOISE_MULTIPLIER, 1.0
+    while not keeps(high):
+        low, high = high, high * 2
+    while high - low > tolerance * high:
+        middle = (low + high) / 2
+        low, high = (low, middle) if keeps(middle) else (middle, high)
+    return high
