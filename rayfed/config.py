@@ -481,12 +481,12 @@ class AggregationConfig(_Section):
 
     rule: registered(AGGREGATION_RULES) = "mean"
     """`mean` (the algorithm's own weighted average), or a robust rule that replaces it for every upload the server
-    step averages (see Robustness): `median`, `trimmed_mean`, `krum`, `multi_krum`, `geometric_median`,
+    step averages (see Robustness): `median`, `trimmed_mean`, `krum`, `multi_krum`, `bulyan`, `geometric_median`,
     `centered_clipping`; for algorithms whose server step reads the uploads only through their average."""
     # Each rule's own keys (None: not set; the defaults its registration declares, or required).
     num_byzantine: Optional[count(ge=0)] = None
-    """`trimmed_mean`, `krum`, `multi_krum`: f, the Byzantine inputs the rule is built to tolerate (trimmed at each
-    end; Krum's n − f − 2 neighbours). Required by those rules."""
+    """`trimmed_mean`, `krum`, `multi_krum`, `bulyan`: f, the Byzantine inputs the rule is built to tolerate (trimmed
+    at each end; Krum's n − f − 2 neighbours). Required by those rules."""
     multi_krum_m: Optional[count(gt=0)] = None
     """`multi_krum`: m, the uploads of lowest score averaged (default n − f)."""
     iterations: Optional[count(gt=0, le=MAX_RULE_ITERATIONS)] = None

@@ -82,6 +82,37 @@ def test_krum_and_multi_krum_pick_the_lowest_scores(n, f, m):
         MultiKrum(f, m, "krum")(rows[:2 * f + 2], None)
 
 
+@pytest.mark.parametrize("n, f", [(7, 1), (11, 2), (12, 2), (3, 0)])
+def test_bulyan_averages_around_the_median_of_recursive_krum_picks(n, f):
+    """El Mhamdi et al.: theta = n - 2f picks, each Krum over the rest (max(1, n' - f - 2) neighbours, as Flower),
+    then per coordinate the mean of the beta = theta - 2f picked values closest to their median."""
+    rows = uploads(n, 25, seed=3 * n + f, outliers=f)
+    values = rows.double().numpy()
+    remaining, picked = list(range(n)), []
+    for _ in range(n - 2 * f):
+        scores = []
+        for i in remaining:
+            distances = sorted(float(np.sum((values[i] - values[j]) ** 2)) for j in remaining if j != i)
+            scores.append(sum(distances[:max(1, len(remaining) - f - 2)]))
+        picked.append(remaining.pop(int(np.argmin(scores))))
+    chosen = values[picked]
+    median = np.median(chosen, axis=0)
+    beta = len(picked) - 2 * f
+    expected = np.array([column[np.argsort(np.abs(column - middle), kind="stable")[:beta]].mean()
+                         for column, middle in zip(chosen.T, median)])
+    rule = AGGREGATION_RULES.get("bulyan").target(
+        rayfed.load_config(None, ["aggregation.rule=bulyan", f"aggregation.num_byzantine={f}",
+                                  "train.clients_per_round=12"]).aggregation)
+    assert rule.picks(rows) == picked
+    result = rule(rows, None).double().numpy()
+    assert np.allclose(result, expected, rtol=0, atol=1e-6)
+    # Two far-off rows may be each other's nearest neighbour late in the recursion; the trimming around the
+    # median keeps them out of the output.
+    assert (values[f:].min(axis=0) <= result).all() and (result <= values[f:].max(axis=0)).all()
+    with pytest.raises(TooFewInputs, match=rf"it needs at least {4 * f + 3} \(4 num_byzantine \+ 3"):
+        rule(rows[:4 * f + 2], None)
+
+
 @pytest.mark.parametrize("n, outliers", [(3, 0), (8, 2), (15, 5)])
 def test_geometric_median_minimises_the_sum_of_distances(n, outliers):
     rows = uploads(n, 12, seed=n, outliers=outliers)
@@ -329,6 +360,9 @@ def test_rules_and_attacks_give_the_same_bits_on_either_engine(tmp_path, ray_clu
     (["aggregation.rule=trimmed_mean", "aggregation.num_byzantine=2", "aggregation.bucket_size=3"],
      "aggregation.rule=trimmed_mean needs at least 5 inputs a round (2 num_byzantine + 1, num_byzantine = 2), but "
      "train.clients_per_round=10 with aggregation.bucket_size=3 gives it 4"),
+    (["aggregation.rule=bulyan", "aggregation.num_byzantine=2"],
+     "aggregation.rule=bulyan needs at least 11 inputs a round (4 num_byzantine + 3, num_byzantine = 2), but "
+     "train.clients_per_round=10 with aggregation.bucket_size=1 gives it 10"),
     (["aggregation.rule=centered_clipping"], "aggregation.rule=centered_clipping needs aggregation.clip_radius"),
     (["aggregation.iterations=3"], "aggregation.iterations only applies to aggregation.rule=centered_clipping or "
                                    "geometric_median"),
