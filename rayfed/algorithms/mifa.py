@@ -94,8 +94,9 @@ class MIFA(Algorithm):
     def server_step(self, state: MIFAServerState, uploads: dict[int, Upload],
                     round_info: RoundInfo) -> tuple[MIFAServerState, dict]:
         # Under a weighted selector the importances p_i weigh the differences; else always 1/N, never 1/S.
-        difference_sum = weighted_average(uploads, "model_change_difference", "uniform", round_info.importances,
-                                          divisor=None if round_info.importances is not None else round_info.num_clients)
+        importances = round_info.importances
+        difference_sum = weighted_average(uploads, "model_change_difference", "uniform", importances,
+                                          divisor=None if importances is not None else round_info.num_clients)
         average = state.average.add(difference_sum)
         params, optimizer = self.optimizer.step(state.params, average, state.optimizer)   # m += ..., x + eta_g m
         return MIFAServerState(params=params, average=average, optimizer=optimizer), {}

@@ -18,7 +18,7 @@ PRV accounting (Gopi, Lee, Wutschitz, NeurIPS 2021, arXiv:2106.02848: the prv-ac
 A round's event is the same in every round, so the epsilon after t rounds is that of t
 compositions: under RDP t times one round's RDP at each order (computed once), under PLD the
 t-fold self-composition (about a second each, so a run reports it at its evaluated rounds), under
-PRV the upper bound of the t-fold composition's epsilon (within privacy.prv_eps_error of the estimate
+PRV the upper bound of the t-fold composition's epsilon (PRV_EPS_ERROR above the estimate
 pfl-research reports; a tenth of a second, also at evaluated rounds)."""
 from __future__ import annotations
 
@@ -97,7 +97,8 @@ def prv_of(event: dp_accounting.DpEvent):
     prv-accountant has none: Poisson-sampled Gaussian, Gaussian, Laplace (its privacy loss bound is 1 / b)."""
     from prv_accountant.privacy_random_variables import (GaussianMechanism, LaplaceMechanism,
                                                          PoissonSubsampledGaussianMechanism)
-    if isinstance(event, dp_accounting.PoissonSampledDpEvent) and isinstance(event.event, dp_accounting.GaussianDpEvent):
+    sampled = isinstance(event, dp_accounting.PoissonSampledDpEvent)
+    if sampled and isinstance(event.event, dp_accounting.GaussianDpEvent):
         return PoissonSubsampledGaussianMechanism(sampling_probability=event.sampling_probability,
                                                   noise_multiplier=event.event.noise_multiplier)
     if isinstance(event, dp_accounting.GaussianDpEvent):
@@ -162,7 +163,7 @@ class Accountant:
 
 def calibrate(kind: str, make_event, target_epsilon: float, delta: float, rounds: int) -> float:
     """The noise multiplier z whose `rounds` rounds of make_event(z) spend `target_epsilon` at `delta`,
-    by dp-accounting's search, rounded up to 4 significant digits (so the budget is kept)."""
+    by dp-accounting's search (PRV: by bisection), rounded up to 4 significant digits (so the budget is kept)."""
     neighbours = make_event(1.0).neighbours
     # PRV takes seconds at z this small; RDP's epsilon bounds it from above, which is what the check needs.
     if Accountant("rdp" if kind == "prv" else kind, make_event(MIN_NOISE_MULTIPLIER), delta).epsilon(rounds) <= \
@@ -171,12 +172,13 @@ def calibrate(kind: str, make_event, target_epsilon: float, delta: float, rounds
                          f"epsilon {target_epsilon}: set privacy.noise_multiplier instead")
     if kind == "prv":
         z = _bisect(lambda value: Accountant(kind, make_event(value), delta).epsilon(rounds) <= target_epsilon, 1e-5)
-        digits = 3 - math.floor(math.log10(z))
-        return math.ceil(z * 10 ** digits) / 10 ** digits
-    with quiet_absl():
-        z = calibrate_dp_mechanism(lambda: fresh_accountant(kind, neighbours),
-                                   lambda value: dp_accounting.SelfComposedDpEvent(make_event(value).event, rounds),
-                                   target_epsilon, delta, LowerEndpointAndGuess(MIN_NOISE_MULTIPLIER, 1.0), tol=1e-6)
+    else:
+        with quiet_absl():
+            z = calibrate_dp_mechanism(lambda: fresh_accountant(kind, neighbours),
+                                       lambda value: dp_accounting.SelfComposedDpEvent(make_event(value).event,
+                                                                                       rounds),
+                                       target_epsilon, delta, LowerEndpointAndGuess(MIN_NOISE_MULTIPLIER, 1.0),
+                                       tol=1e-6)
     digits = 3 - math.floor(math.log10(z))
     return math.ceil(z * 10 ** digits) / 10 ** digits
 

@@ -2,7 +2,8 @@
 upload, sums them, adds the mechanism's noise once, and divides by S (train.clients_per_round; under
 Poisson sampling the expected count, DP-FedAvg's fixed denominator, McMahan et al., ICLR 2018,
 arXiv:1710.06963), or by the divisor the server step asks for (MIFA's N). The algorithm's server step
-reads that noised average through weighted_average, so server momentum, adaptive server optimisers and the rest act on it as on any average."""
+reads that noised average through weighted_average, so server momentum, adaptive server optimisers and
+the rest act on it as on any average."""
 from __future__ import annotations
 
 from dataclasses import dataclass
