@@ -2,7 +2,9 @@
 not ended (a finished or diverged one is read back, so a study can be rerun to add seeds or methods)."""
 from __future__ import annotations
 
+import argparse
 import json
+import statistics
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -46,3 +48,29 @@ def run_each(base: Path, runs: list[tuple[str, list[str]]], out: Path, workers: 
     with ThreadPoolExecutor(workers) as pool:
         for line in pool.map(lambda item: run(*item), runs):
             print(line, flush=True)
+
+
+def spread(values: list[float]) -> str:
+    """Mean ± standard deviation (ddof = 1) to two decimals, or the one value."""
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def study_main(description: str, base: Path, runs, table, out: Path, workers: int, result: Path,
+               argv: list[str] | None) -> int:
+    """A study script's command line: runs(seeds) through run_each (unless --table-only), then table(out,
+    seeds) written to `result` and printed."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--out", type=Path, default=out)
+    parser.add_argument("--workers", type=int, default=workers)
+    parser.add_argument("--table-only", action="store_true")
+    args = parser.parse_args(argv)
+    if not args.table_only:
+        run_each(base, runs(args.seeds), args.out, args.workers)
+    result.parent.mkdir(exist_ok=True)
+    text = table(args.out, args.seeds)
+    result.write_text(text)
+    print(text)
+    return 0

@@ -8,9 +8,7 @@ summary.json (run again, the script continues); then results/mnist5k_dpfedavg.md
 """
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import yaml
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
-from runs import run_each  # noqa: E402  (experiments/runs.py)
+from runs import spread, study_main  # noqa: E402  (experiments/runs.py)
 
 BASE = HERE / "mnist5k_dpfedavg.yaml"
 POPULATIONS = {100: ["data.num_clients=100", "train.clients_per_round=10"],
@@ -62,31 +60,18 @@ def table(out: Path, seeds: list[int]) -> str:
                 lines.append(f"| {setting} | — | — | not run | — |")
                 continue
             accuracies = [f[0] for f in done]
-            spread = (f"{statistics.fmean(accuracies):.2f} ± {statistics.stdev(accuracies):.2f}"
-                      if len(accuracies) > 1 else f"{accuracies[0]:.2f}")
             epsilon, z = done[0][1], done[0][2]
             # summary.json writes an infinite epsilon (no noise) as null
             epsilon = "—" if z is None else ("∞" if epsilon is None or epsilon == float("inf") else f"{epsilon:.3f}")
             z = "—" if z is None else f"{z:g}"
-            lines.append(f"| {setting} | {z} | {epsilon} | {spread} | "
+            lines.append(f"| {setting} | {z} | {epsilon} | {spread(accuracies)} | "
                          f"{', '.join('—' if f is None else f'{f[0]:.2f}' for f in found)} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--out", type=Path, default=Path("sweeps/privacy"))
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--table-only", action="store_true")
-    args = parser.parse_args(argv)
-    if not args.table_only:
-        run_each(BASE, runs(args.seeds), args.out, args.workers)
-    results = HERE / "results"
-    results.mkdir(exist_ok=True)
-    (results / "mnist5k_dpfedavg.md").write_text(table(args.out, args.seeds))
-    print(table(args.out, args.seeds))
-    return 0
+    return study_main(__doc__.splitlines()[0], BASE, runs, table, Path("sweeps/privacy"), 1,
+                      HERE / "results" / "mnist5k_dpfedavg.md", argv)
 
 
 if __name__ == "__main__":

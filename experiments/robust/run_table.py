@@ -13,7 +13,6 @@ bucketing s = 2.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
-from runs import run_each  # noqa: E402  (experiments/runs.py)
+from runs import spread, study_main  # noqa: E402  (experiments/runs.py)
 
 BASE = HERE / "mnist5k_mimic.yaml"
 RULES = {
@@ -93,8 +92,7 @@ def table(out: Path, seeds: list[int]) -> str:
                         continue
                     values = [cell(out, f"{attacked}/{split}/s{bucket}/{rule}/seed{seed}") for seed in seeds]
                     done = [value for value in values if value is not None]
-                    ours = ("not run" if not done else f"{statistics.fmean(done):.2f} ± "
-                            f"{statistics.stdev(done):.2f}" if len(done) > 1 else f"{done[0]:.2f}")
+                    ours = spread(done) if done else "not run"
                     paper = PAPER[(split, bucket)][rule] if attacked == "mimic" else None
                     lines.append(f"| {NAMES[rule]} | {'—' if paper is None else f'{paper[0]:.2f} ± {paper[1]:.2f}'} "
                                  f"| {ours} | {', '.join('—' if v is None else f'{v:.2f}' for v in values)} |")
@@ -102,19 +100,8 @@ def table(out: Path, seeds: list[int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--out", type=Path, default=Path("sweeps/robust"))
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--table-only", action="store_true")
-    args = parser.parse_args(argv)
-    if not args.table_only:
-        run_each(BASE, runs(args.seeds), args.out, args.workers)
-    results = HERE / "results"
-    results.mkdir(exist_ok=True)
-    (results / "mnist5k_mimic.md").write_text(table(args.out, args.seeds))
-    print(table(args.out, args.seeds))
-    return 0
+    return study_main(__doc__.splitlines()[0], BASE, runs, table, Path("sweeps/robust"), 2,
+                      HERE / "results" / "mnist5k_mimic.md", argv)
 
 
 if __name__ == "__main__":
