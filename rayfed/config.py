@@ -863,20 +863,23 @@ def _apply_override(raw: dict, text: str) -> None:
     node[leaf] = parse_yaml(value, f"the value of {dotted}", positions=False) if value.strip() else None
 
 
-def _free_mapping(parts: list[str]) -> bool:
-    """Whether the dotted key `parts` names a mapping whose keys the schema leaves open (a section's
-    `options`, which the chosen component declares), rather than a section."""
+def _default_at(parts: list[str]):
+    """The schema's default value at the dotted key `parts` (a section's is a mapping), or None."""
     node = Config().to_dict()
     for part in parts:
         node = node.get(part) if isinstance(node, dict) else None
-    return parts[-1:] == ["options"] and node == {}
+    return node
+
+
+def _free_mapping(parts: list[str]) -> bool:
+    """Whether the dotted key `parts` names a mapping whose keys the schema leaves open (a section's
+    `options`, which the chosen component declares), rather than a section."""
+    return parts[-1:] == ["options"] and _default_at(parts) == {}
 
 
 def _is_section(parts: list[str]) -> bool:
     """Whether the dotted key `parts` names a section of the schema (not a value a file set to a mapping)."""
-    node = Config().to_dict()
-    for part in parts:
-        node = node.get(part) if isinstance(node, dict) else None
+    node = _default_at(parts)
     return isinstance(node, dict) and bool(node)
 
 
