@@ -80,6 +80,8 @@ def horizon_rows() -> list[str]:
     if not (HERE / "mnist5k" / "results_T500").is_dir():
         return []
     out = ["", "## At the paper's horizon, T = 500 (mnist5k/results_T500)", "",
+           "Over the methods whose every trial has ended: while the study runs, n is under 16 and a row speaks "
+           "for those methods only.", "",
            "| comparison | n | tau | p (tau) | rho | p (rho) |", "|---|---|---|---|---|---|"]
     for omega, target in (("0.01", "45%"), ("0.1", "95%")):
         path = HERE / "mnist5k" / "results_T500" / f"table_omega{omega}.md"
