@@ -22,7 +22,7 @@ from rayfed.sweep.grid import varied_keys
 from rayfed.sweep.resources import trial_bundles
 from rayfed.sweep.runner import TrialTimes, trial_resources
 from rayfed.sweep.select import select
-from rayfed.sweep.spec import read_sweep
+from rayfed.sweep.spec import _written, read_sweep
 from tests.test_checkpoint import interrupted
 from tests.test_vectorize import RTOL
 
@@ -175,6 +175,16 @@ def test_trial_names_differ_wherever_points_do(in_tmp):
     long = read_sweep(write_sweep(in_tmp / "l.yaml", {"data.root": ["r" * 200 + "1", "r" * 200 + "2"]}), [],
                       in_tmp / "base.yaml")
     assert [len(trial.name) for trial in long.trials] == [150, 150] and long.trials[0].name != long.trials[1].name
+
+
+def test_each_value_is_written_as_the_yaml_it_is_even_where_another_has_its_repr():
+    """A point's overrides are written once per value of the grid (reading a sweep of thousands of points wrote
+    each again); a list that holds one list twice is YAML with an alias, its copy is not, though both print alike."""
+    inner = [1]
+    aliased, copied = [inner, inner], [[1], [1]]
+    written = _written([(("k", aliased), ("seed", 0)), (("k", copied), ("seed", 0))])
+    assert written == {("k", id(aliased)): "k=[&id001 [1], *id001]", ("k", id(copied)): "k=[[1], [1]]",
+                       ("seed", id(0)): "seed=0"}
 
 
 def test_a_stopped_run_s_error_survives_pickling():

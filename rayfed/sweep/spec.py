@@ -64,8 +64,10 @@ def read_sweep(path: str, overrides: list[str], base_copy: Path) -> Sweep:
     base_text = _base_text(spec.get("base"), Path(path), overrides)
     grid = parse_grid(spec["grid"], f"sweep file {path}")
     base_copy.write_text(base_text)
-    written: dict[tuple, str] = {}
-    trials = [_trial(base_copy, tuple(overrides), point, written) for point in points(grid)]
+    expanded = points(grid)
+    written = _written(expanded)
+    trials = [_trial(base_copy, tuple(overrides), point, tuple(written[key, id(value)] for key, value in point))
+              for point in expanded]
     named: dict[str, Trial] = {}
     for trial in trials:
         if named.setdefault(trial.name, trial) is not trial:
@@ -90,8 +92,7 @@ def _base_text(base, sweep_file: Path, overrides: list[str]) -> str:
 
 
 def _trial(base: Path, overrides: tuple[str, ...], point: tuple[tuple[str, object], ...],
-           written: dict[tuple, str]) -> Trial:
-    point_overrides = tuple(_override(key, value, written) for key, value in point)
+           point_overrides: tuple[str, ...]) -> Trial:
     label = ", ".join(point_overrides)
     try:
         config = load_config(base, [*overrides, *point_overrides])
@@ -100,14 +101,17 @@ def _trial(base: Path, overrides: tuple[str, ...], point: tuple[tuple[str, objec
     return Trial(_name(point_overrides), point, (*overrides, *point_overrides), config)
 
 
-def _override(key: str, value, written: dict[tuple, str]) -> str:
-    """key=value, each (key, value) written once: a grid's points repeat its few values, and YAML's
-    emitter was a quarter of the time a 1,404-point sweep took to read. A value's type and repr tell
-    it apart from every other value a YAML file gives (1 from 1.0, True and "1")."""
-    memo = (key, type(value), repr(value))
-    if memo not in written:
-        written[memo] = f"{key}={_as_override(value)}"
-    return written[memo]
+def _written(expanded: list[Point]) -> dict[tuple[str, int], str]:
+    """Each key and value of the points as key=value, by (key, id(value)): the points share the grid's
+    few value objects, and writing them as YAML point by point was a quarter of the time a 1,404-point
+    sweep took to read. By the object, not its repr: YAML writes a list that repeats an aliased
+    element otherwise than its copy; `expanded` holds every value, so no id is reused meanwhile."""
+    written: dict[tuple[str, int], str] = {}
+    for point in expanded:
+        for key, value in point:
+            if (key, id(value)) not in written:
+                written[key, id(value)] = f"{key}={_as_override(value)}"
+    return written
 
 
 def _as_override(value) -> str:
