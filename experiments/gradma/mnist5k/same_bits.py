@@ -1,9 +1,10 @@
 """Whether two trees of rayfed give this study the same bits. A study that runs for days runs from a tree kept
 apart (a worktree at a fixed commit), so that what is merged meanwhile cannot reach it half done; its results
 speak for the main branch only where both trees give every method the same bits. This runs one trial of each
-of the study's 16 methods from the rayfed on the Python path (the omega = 0.01 sweep files' points at
-eta_l = 0.1, eta_g = 1, seed 1, shortened to 12 rounds) and writes a digest of each run's final parameters,
-buffers and metrics; --compare says which methods differ. From the repository's root:
+of the study's 16 methods from the rayfed package on the Python path (the points of this checkout's omega = 0.01
+sweep files at eta_l = 0.1, eta_g = 1, seed 1, shortened to 12 rounds: only the package differs between the two
+trees' digests) and writes a digest of each run's final parameters, buffers and metrics; --compare says which
+methods differ. From the repository's root:
   PYTHONPATH=/path/to/study/tree python experiments/gradma/mnist5k/same_bits.py study.json
   python experiments/gradma/mnist5k/same_bits.py main.json
   python experiments/gradma/mnist5k/same_bits.py --compare study.json main.json
@@ -24,6 +25,7 @@ from rayfed.sweep.spec import read_sweep
 HERE = Path(__file__).parent
 ROUNDS = 12
 POINT = {"algorithm.lr_local": 0.1, "algorithm.lr_global": 1.0, "seed": 1}
+METHODS = 16
 
 
 def one_trial_per_method() -> dict[str, tuple[str, ...]]:
@@ -34,8 +36,11 @@ def one_trial_per_method() -> dict[str, tuple[str, ...]]:
             for trial in read_sweep(str(sweep_file), [], Path(scratch) / "base.yaml").trials:
                 point = dict(trial.point)
                 if all(point.get(key, value) == value for key, value in POINT.items()):
-                    chosen[point["algorithm.name"]] = trial.overrides
-    return chosen
+                    chosen.setdefault(point["algorithm.name"], []).append(trial.overrides)
+    if len(chosen) != METHODS or any(len(found) != 1 for found in chosen.values()):
+        raise SystemExit(f"expected one trial for each of {METHODS} methods at {POINT}, found "
+                         f"{ {name: len(found) for name, found in chosen.items()} }")
+    return {name: found[0] for name, found in chosen.items()}
 
 
 def digests() -> dict[str, str]:
