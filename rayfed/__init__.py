@@ -20,6 +20,7 @@ from rayfed.data import Dataset, Partition, PartitionRequest, register_dataset, 
 from rayfed.errors import ConfigError, RunFinished, RunStopped
 from rayfed.models import ModelForward, register_model, with_structure
 from rayfed.selection import Selection, SelectionRequest, register_selector
+from rayfed import version
 
 __all__ = ["Algorithm", "AlgorithmContext", "AlgorithmParams", "Attack", "Callback", "ClientStates", "ClientTask",
            "Config", "ConfigError", "Dataset", "Linear", "LocalObjective", "Mechanism", "ModelForward", "Partition",
@@ -28,4 +29,4 @@ __all__ = ["Algorithm", "AlgorithmContext", "AlgorithmParams", "Attack", "Callba
            "local_sgd", "per_client", "register_algorithm", "register_attack", "register_callback",
            "register_compressor", "register_dataset", "register_mechanism", "register_model", "register_partitioner",
            "register_rule", "register_selector", "release_actors", "resume", "run", "weighted_average", "with_structure"]
-__version__ = "0.1.0"
+__version__ = version.__version__

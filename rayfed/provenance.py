@@ -12,15 +12,19 @@ each library reads from the environment at its first computation in a process, n
 """
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from rayfed.config import CPU_ISAS
 from rayfed.errors import ConfigError
+from rayfed.version import __version__
 
 # The variables that cap PyTorch's kernels, MKL's code branch (its Conditional Numerical Reproducibility
 # mode) and oneDNN's instruction set at each of CPU_ISAS: `default` is what any x86-64 processor runs.
@@ -31,8 +35,9 @@ CAPS = {"default": {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", 
 # unless accepted. `mkl` and `onednn` name the cap in force, or the processor whose best path they take.
 DECIDING = ("torch", "torch_cuda", "numpy", "cpu_capability", "mkl", "onednn", "threads", "gpu", "cudnn")
 # Recorded to explain the others, not compared: the caps in the environment, the processor (its model
-# and best capability), the OpenBLAS kernels numpy's and cvxopt's libraries chose, Python's version.
-INFORMATIVE = ("cpu_caps", "processor", "openblas", "python")
+# and best capability), the OpenBLAS kernels numpy's and cvxopt's libraries chose, Python's version,
+# and rayfed's own code (a resume with a newer rayfed is allowed: its algorithms' bits are tested).
+INFORMATIVE = ("cpu_caps", "processor", "openblas", "python", "rayfed")
 _MKL_VERSION = re.compile(r"Math Kernel Library Version (.+?) for")
 _ONEDNN_VERSION = re.compile(r"(?:MKL-DNN|oneDNN) v(\S+)")
 
@@ -58,7 +63,29 @@ def environment() -> dict[str, str]:
         "processor": processor,
         "openblas": _openblas(),
         "python": platform.python_version(),
+        "rayfed": rayfed_code(),
     }
+
+
+@functools.cache
+def rayfed_code() -> str:
+    """rayfed's version, and where it runs from a git checkout its commit, with `+changes` where tracked
+    files differ from it: a study's results name the code that made them."""
+    package = Path(__file__).parent
+    try:
+        # Tracked there: a package installed into a virtual environment inside some other checkout is not its code.
+        if not _git(package, "ls-files", "--", "__init__.py"):
+            return __version__
+        commit = _git(package, "rev-parse", "--short=12", "HEAD")
+        changed = _git(package, "status", "--porcelain", "--untracked-files=no", "--", ".")
+    except (OSError, subprocess.SubprocessError):
+        return __version__          # installed from a wheel, or no git on this node
+    return f"{__version__} (git {commit}{' +changes' if changed else ''})"
+
+
+def _git(folder: Path, *arguments: str) -> str:
+    return subprocess.run(["git", "-C", str(folder), *arguments], capture_output=True, text=True, check=True,
+                          timeout=10).stdout.strip()
 
 
 def merged(server: dict[str, str], workers: list[dict[str, str]]) -> dict[str, str]:

@@ -17,8 +17,9 @@ import torch
 import rayfed
 from rayfed.checkpoint import read_checkpoint, write_checkpoint
 from rayfed.cli import main
+import rayfed.provenance
 from rayfed.provenance import (CAPS, CPU_ISAS, DECIDING, INFORMATIVE, environment, first_difference, merged,
-                               processor_isa)
+                               processor_isa, rayfed_code)
 from tests.params_digest import DIGEST_FILE
 from tests.test_checkpoint import ROUNDS, interrupted, snapshot
 from tests.test_engine_equivalence import SYNTHETIC_MLP
@@ -40,6 +41,31 @@ def test_a_record_is_strings_the_deciding_fields_first_and_names_no_host():
     assert record["torch"] == torch.__version__
     host = socket.gethostname()
     assert len(host) < 4 or host not in json.dumps(record)
+
+
+def git(*arguments):
+    return subprocess.run(["git", "-C", str(ROOT), *arguments], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_the_record_names_rayfed_s_commit_and_whether_its_package_differs_from_it(monkeypatch):
+    """A study's results name the code that made them: from this checkout, its commit."""
+    changes = " +changes" if git("status", "--porcelain", "--untracked-files=no", "--", "rayfed") else ""
+    assert environment()["rayfed"] == f"{rayfed.__version__} (git {git('rev-parse', '--short=12', 'HEAD')}{changes})"
+
+    def untracked(folder, *arguments):
+        return "" if arguments[0] == "ls-files" else "0123456789ab"
+
+    def no_git(folder, *arguments):
+        raise FileNotFoundError("git")
+
+    try:
+        for fake in (untracked, no_git):        # a package in a virtual environment inside another checkout; no git
+            monkeypatch.setattr(rayfed.provenance, "_git", fake)
+            rayfed_code.cache_clear()
+            assert rayfed_code() == rayfed.__version__
+    finally:
+        monkeypatch.undo()
+        rayfed_code.cache_clear()
 
 
 def test_processes_that_differ_are_named_with_their_values():
