@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from rayfed.aggregation.base import REQUIRED, register_rule, too_few
+from rayfed.aggregation.krum import squared_distances
 from rayfed.aggregation.median import Median
 
 
@@ -21,10 +22,7 @@ class Bulyan:
     def picks(self, rows: Tensor) -> list[int]:
         """The rows recursive Krum picks, in the order it picks them."""
         f = self.num_byzantine
-        points = rows.double()
-        squares = (points * points).sum(dim=1)
-        distances = (squares[:, None] + squares[None, :] - 2.0 * points @ points.T).clamp_(min=0.0)
-        distances.fill_diagonal_(float("inf"))
+        distances = squared_distances(rows)
         remaining = list(range(rows.shape[0]))
         picked = []
         for _ in range(rows.shape[0] - 2 * f):

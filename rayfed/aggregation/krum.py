@@ -14,11 +14,15 @@ def krum_scores(rows: Tensor, num_byzantine: int, rule: str = "krum") -> Tensor:
     n = rows.shape[0]
     if n < 2 * num_byzantine + 3:
         raise too_few(rule, n, 2 * num_byzantine + 3, f"2 num_byzantine + 3, num_byzantine = {num_byzantine}")
+    return torch.sort(squared_distances(rows), dim=1).values[:, :n - num_byzantine - 2].sum(dim=1)
+
+
+def squared_distances(rows: Tensor) -> Tensor:
+    """The rows' pairwise squared distances in float64, a row's to itself infinite (never its own neighbour)."""
     points = rows.double()
     squares = (points * points).sum(dim=1)
     distances = (squares[:, None] + squares[None, :] - 2.0 * points @ points.T).clamp_(min=0.0)
-    distances.fill_diagonal_(float("inf"))
-    return torch.sort(distances, dim=1).values[:, :n - num_byzantine - 2].sum(dim=1)
+    return distances.fill_diagonal_(float("inf"))
 
 
 class MultiKrum:
