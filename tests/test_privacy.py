@@ -183,7 +183,9 @@ def test_a_target_epsilon_solves_for_the_smallest_noise_that_keeps_it(accountant
     resolved = config(*poisson, "privacy.target_epsilon=4")
     z = resolved.privacy.noise_multiplier
     spent = Accountant(accountant, event_of(resolved, z), DELTA).epsilon(30)
-    assert spent <= 4 and Accountant(accountant, event_of(resolved, z * 0.999), DELTA).epsilon(30) > 4
+    step = 10.0 ** (math.floor(math.log10(z)) - 3)      # z has 4 significant digits: the next smaller such z
+    assert spent <= 4 and Accountant(accountant, event_of(resolved, z - step), DELTA).epsilon(30) > 4
+    assert z == round(z, 3 - math.floor(math.log10(z)))
     assert config(*poisson, f"privacy.noise_multiplier={z}",
                   "privacy.target_epsilon=4").privacy.noise_multiplier == z      # a resolved config.yaml loads again
 

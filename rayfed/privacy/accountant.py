@@ -171,25 +171,30 @@ def calibrate(kind: str, make_event, target_epsilon: float, delta: float, rounds
         raise ValueError(f"{rounds} rounds with noise multiplier {MIN_NOISE_MULTIPLIER} already spend at most "
                          f"epsilon {target_epsilon}: set privacy.noise_multiplier instead")
     if kind == "prv":
-        z = _bisect(lambda value: Accountant(kind, make_event(value), delta).epsilon(rounds) <= target_epsilon, 1e-5)
-    else:
-        with quiet_absl():
-            z = calibrate_dp_mechanism(lambda: fresh_accountant(kind, neighbours),
-                                       lambda value: dp_accounting.SelfComposedDpEvent(make_event(value).event,
-                                                                                       rounds),
-                                       target_epsilon, delta, LowerEndpointAndGuess(MIN_NOISE_MULTIPLIER, 1.0),
-                                       tol=1e-6)
+        return _bisect(lambda value: Accountant(kind, make_event(value), delta).epsilon(rounds) <= target_epsilon,
+                       1e-5)
+    with quiet_absl():
+        z = calibrate_dp_mechanism(lambda: fresh_accountant(kind, neighbours),
+                                   lambda value: dp_accounting.SelfComposedDpEvent(make_event(value).event, rounds),
+                                   target_epsilon, delta, LowerEndpointAndGuess(MIN_NOISE_MULTIPLIER, 1.0), tol=1e-6)
+    return _round_up(z)
+
+
+def _round_up(z: float) -> float:
+    """z rounded up to 4 significant digits."""
     digits = 3 - math.floor(math.log10(z))
     return math.ceil(z * 10 ** digits) / 10 ** digits
 
 
 def _bisect(keeps, tolerance: float) -> float:
-    """The smallest z above MIN_NOISE_MULTIPLIER (which does not keep the budget) for which `keeps(z)`, to within
-    `tolerance` relative, returned from above (it keeps the budget)."""
+    """The smallest z of 4 significant digits above MIN_NOISE_MULTIPLIER (which does not keep the budget) for which
+    `keeps(z)`. The bisection stops once both ends round up to the same such z, which then is that smallest one
+    (each PRV evaluation takes about a second); `tolerance` (relative) bounds it where rounding leaves the ends
+    one step apart at a boundary."""
     low, high = MIN_NOISE_MULTIPLIER, 1.0
     while not keeps(high):
         low, high = high, high * 2
-    while high - low > tolerance * high:
+    while _round_up(low) != _round_up(high) and high - low > tolerance * high:
         middle = (low + high) / 2
         low, high = (low, middle) if keeps(middle) else (middle, high)
-    return high
+    return _round_up(high)
