@@ -11,6 +11,8 @@
 # 2. make_tables.py writes results/: per omega the selected settings beside the paper (ddof = 0,
 #    rounds to target), the whole grid, and rayfed report on the selected runs (all, and per W/S/B group).
 # `rayfed sweep FILE --plan` prints a sweep's trials and its estimated wall time without running it.
+# The T = 500 study outlives one machine: archive.py keeps its ended trials in runs_T500/ (save), and writes them
+# back into SWEEPS_DIR on another machine (restore) before this script continues the rest there.
 set -euo pipefail
 here=experiments/gradma/mnist5k
 out=${1:-sweeps/mnist5k}
