@@ -18,7 +18,8 @@ here=experiments/gradma/mnist5k
 out=${1:-sweeps/mnist5k}
 shift || true
 for omega in 0.01 0.1; do
-    for g in a b gradma feddyn; do
+    # GradMA's sweeps first (the T = 500 study's first run reached sweep a only); the order changes no trial.
+    for g in gradma feddyn b a; do
         rayfed sweep $here/sweep_${g}_omega$omega.yaml "$@" --select best_test_accuracy --out $out/${g}_omega$omega --quiet
     done
 done
