@@ -76,25 +76,37 @@ HORIZON_RUNS = (("mnist5k/results_T500/first_run", "first run (2026-11-28/29, 15
                 ("mnist5k/results_T500", "second run (from 2026-11-29)"))
 
 
+def horizon_columns(path: Path, target: str) -> dict[str, dict[str, float | None]]:
+    """A T = 500 table's columns by method: top accuracy and rounds to `target`, here and in the paper."""
+    rows = table(path)
+    return {"top": {r["method"]: number(r["top accuracy (%)"]) for r in rows},
+            "rounds": {r["method"]: number(r[f"rounds to {target}"]) for r in rows},
+            "paper_top": {r["method"]: number(r["paper: top accuracy (%)"]) for r in rows},
+            "paper_rounds": {r["method"]: number(r[f"paper: rounds to {target}"]) for r in rows}}
+
+
 def horizon_rows() -> list[str]:
-    """The study at the paper's horizon (make_tables.py --rounds 500), each run of it, against Tables 1 and 2 and
-    against the T = 30 study, over the methods whose every trial has ended in that run (a sweep still running
-    leaves some out; n says how many)."""
+    """The study at the paper's horizon (make_tables.py --rounds 500), each run of it and both together, against
+    Tables 1 and 2 and against the T = 30 study, over the methods whose every trial has ended (a sweep still
+    running leaves some out; n says how many). Together: each method from the run that has it, the second where
+    both do (the runs compute the same trials, with code that gives the same bits)."""
     out = []
-    for directory, run in HORIZON_RUNS:
-        for omega, target in (("0.01", "45%"), ("0.1", "95%")):
-            path = HERE / directory / f"table_omega{omega}.md"
-            if not path.exists():
-                continue
-            rows, short = table(path), table(HERE / "mnist5k" / "results" / f"table_omega{omega}.md")
-            top = {r["method"]: number(r["top accuracy (%)"]) for r in rows}
-            rounds = {r["method"]: number(r[f"rounds to {target}"]) for r in rows}
-            paper_top = {r["method"]: number(r["paper: top accuracy (%)"]) for r in rows}
-            paper_rounds = {r["method"]: number(r[f"paper: rounds to {target}"]) for r in rows}
-            top_30 = {r["method"]: number(r["top accuracy (%)"]) for r in short}
-            for label, ours, theirs in ((f"top accuracy vs Table 1 (MNIST, S = 10, ω = {omega})", top, paper_top),
-                                        (f"rounds to {target} vs Table 2", rounds, paper_rounds),
-                                        ("top accuracy vs the T = 30 study's", top, top_30)):
+    for omega, target in (("0.01", "45%"), ("0.1", "95%")):
+        top_30 = {r["method"]: number(r["top accuracy (%)"])
+                  for r in table(HERE / "mnist5k" / "results" / f"table_omega{omega}.md")}
+        runs = [(run, horizon_columns(HERE / directory / f"table_omega{omega}.md", target))
+                for directory, run in HORIZON_RUNS if (HERE / directory / f"table_omega{omega}.md").exists()]
+        if len(runs) > 1:
+            both = {key: {name: next((columns[key][name] for _, columns in reversed(runs)
+                                      if columns[key].get(name) is not None), None)
+                          for name in runs[-1][1][key]}
+                    for key in runs[-1][1]}
+            runs.append(("both runs", both))
+        for run, columns in runs:
+            for label, ours, theirs in ((f"top accuracy vs Table 1 (MNIST, S = 10, ω = {omega})", columns["top"],
+                                         columns["paper_top"]),
+                                        (f"rounds to {target} vs Table 2", columns["rounds"], columns["paper_rounds"]),
+                                        ("top accuracy vs the T = 30 study's", columns["top"], top_30)):
                 label = f"mnist5k ω = {omega}, T = 500: {label}"
                 if sum(1 for name in ours if ours[name] is not None and theirs.get(name) is not None) >= 2:
                     out.append(f"| {run} " + row(label, ours, theirs))

@@ -203,9 +203,10 @@ def main() -> None:
         if report_dirs:
             report(report_dirs, targets[0], results / f"report_omega{omega}")
         for group in "WSB":      # the paper's groups, each with GradMA for reference
-            names = {name for name, _, g, *_ in PAPER if g == group} | {"gradma"}
-            runs = [run for run in report_dirs if any(f"algorithm.name={name}__" in run.name for name in names)]
-            if runs:
+            members = {name for name, _, g, *_ in PAPER if g == group}
+            runs = [run for run in report_dirs
+                    if any(f"algorithm.name={name}__" in run.name for name in members | {"gradma"})]
+            if any(f"algorithm.name={name}__" in run.name for run in runs for name in members):
                 report(runs, targets[0], results / f"report_omega{omega}_{group}",
                        keep=("report.md", "test_accuracy.png"))
         print((results / f"table_omega{omega}.md").read_text())
