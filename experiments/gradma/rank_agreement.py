@@ -86,24 +86,16 @@ def horizon_columns(path: Path, target: str) -> dict[str, dict[str, float | None
 
 
 def horizon_rows() -> list[str]:
-    """The study at the paper's horizon (make_tables.py --rounds 500), each run of it and both together, against
+    """The study at the paper's horizon (make_tables.py --rounds 500), each run of it, against
     Tables 1 and 2 and against the T = 30 study, over the methods whose every trial has ended (a sweep still
-    running leaves some out; n says how many). Together, while the second run lacks one of the first's methods:
-    each method from the run that has it, the second where both do (the runs compute the same trials, with code
-    that gives the same bits)."""
+    running leaves some out; n says how many). The second run has every method of the first, with the same
+    numbers (experiments/gradma/README.md, C13)."""
     out = []
     for omega, target in (("0.01", "45%"), ("0.1", "95%")):
         top_30 = {r["method"]: number(r["top accuracy (%)"])
                   for r in table(HERE / "mnist5k" / "results" / f"table_omega{omega}.md")}
         runs = [(run, horizon_columns(HERE / directory / f"table_omega{omega}.md", target))
                 for directory, run in HORIZON_RUNS if (HERE / directory / f"table_omega{omega}.md").exists()]
-        if len(runs) > 1 and any(value is not None and runs[-1][1]["top"].get(name) is None
-                                 for name, value in runs[0][1]["top"].items()):
-            both = {key: {name: next((columns[key][name] for _, columns in reversed(runs)
-                                      if columns[key].get(name) is not None), None)
-                          for name in runs[-1][1][key]}
-                    for key in runs[-1][1]}
-            runs.append(("both runs", both))
         for run, columns in runs:
             for label, ours, theirs in ((f"top accuracy vs Table 1 (MNIST, S = 10, ω = {omega})", columns["top"],
                                          columns["paper_top"]),
