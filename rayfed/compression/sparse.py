@@ -1,4 +1,4 @@
-"""Sparsifiers (as FedCOM, arXiv:2007.01154, uses them): k values and their int32 indices, 32 + 32 bits each.
+"""Sparsifiers (FedCOM, arXiv:2007.01154, Fig. 8, uses top-k): k values and their int32 indices, 32 + 32 bits each.
 
 rand-k keeps k coordinates drawn uniformly without replacement, scaled by d/k: unbiased, with
 E||Q(x) - x||^2 = (d/k - 1)||x||^2. top-k keeps the k largest |x_i| (ties to the lower index): biased

@@ -1,6 +1,6 @@
 """LEAF's FEMNIST, partitioned by writer (as FedCOM, arXiv:2007.01154, runs it): 28x28 handwritten characters,
 read from the JSON files LEAF's preprocess.sh writes (rayfed.data.leaf), kept to the ten digits as
-the paper's federated EMNIST runs are, one client a writer. Natural: `num_clients` writers drawn at
+the FedCOM authors' code does (the paper does not say), one client a writer. Natural: `num_clients` writers drawn at
 random among those with digits in both splits; the test set is the union of their test samples.
 IID: the same writers' training samples pooled, for make_partition's iid split to deal out."""
 from __future__ import annotations
