@@ -76,13 +76,14 @@ HORIZON_RUNS = (("mnist5k/results_T500/first_run", "first run (2026-11-28/29, 15
                 ("mnist5k/results_T500", "second run (from 2026-11-29)"))
 
 
-def horizon_columns(path: Path, target: str) -> dict[str, dict[str, float | None]]:
-    """A T = 500 table's columns by method: top accuracy and rounds to `target`, here and in the paper."""
+def horizon_columns(path: Path, target: str, paper_target: str) -> dict[str, dict[str, float | None]]:
+    """A T = 500 table's columns by method: top accuracy, here and in the paper, and rounds to `target` here and
+    to `paper_target` in the paper."""
     rows = table(path)
     return {"top": {r["method"]: number(r["top accuracy (%)"]) for r in rows},
             "rounds": {r["method"]: number(r[f"rounds to {target}"]) for r in rows},
             "paper_top": {r["method"]: number(r["paper: top accuracy (%)"]) for r in rows},
-            "paper_rounds": {r["method"]: number(r[f"paper: rounds to {target}"]) for r in rows}}
+            "paper_rounds": {r["method"]: number(r[f"paper: rounds to {paper_target}"]) for r in rows}}
 
 
 def horizon_rows() -> list[str]:
@@ -91,15 +92,18 @@ def horizon_rows() -> list[str]:
     running leaves some out; n says how many). The second run has every method of the first, with the same
     numbers (experiments/gradma/README.md, C13)."""
     out = []
-    for omega, target in (("0.01", "45%"), ("0.1", "95%")):
+    # At omega = 0.1 no method reaches the paper's 95% on the sample; its ranks are read at 90% (make_tables.py).
+    for omega, target, paper_target in (("0.01", "45%", "45%"), ("0.1", "90%", "95%")):
         top_30 = {r["method"]: number(r["top accuracy (%)"])
                   for r in table(HERE / "mnist5k" / "results" / f"table_omega{omega}.md")}
-        runs = [(run, horizon_columns(HERE / directory / f"table_omega{omega}.md", target))
+        runs = [(run, horizon_columns(HERE / directory / f"table_omega{omega}.md", target, paper_target))
                 for directory, run in HORIZON_RUNS if (HERE / directory / f"table_omega{omega}.md").exists()]
         for run, columns in runs:
             for label, ours, theirs in ((f"top accuracy vs Table 1 (MNIST, S = 10, ω = {omega})", columns["top"],
                                          columns["paper_top"]),
-                                        (f"rounds to {target} vs Table 2", columns["rounds"], columns["paper_rounds"]),
+                                        (f"rounds to {target} vs Table 2"
+                                         + (f" (rounds to {paper_target})" if paper_target != target else ""),
+                                         columns["rounds"], columns["paper_rounds"]),
                                         ("top accuracy vs the T = 30 study's", columns["top"], top_30)):
                 label = f"mnist5k ω = {omega}, T = 500: {label}"
                 if sum(1 for name in ours if ours[name] is not None and theirs.get(name) is not None) >= 2:

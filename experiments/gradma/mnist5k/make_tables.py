@@ -34,9 +34,10 @@ HERE = Path(__file__).parent
 GROUPS = ("a", "b", "gradma", "feddyn")
 OMEGAS = ("0.01", "0.1")
 # Targets of "rounds to target" per horizon T and omega; the first is the one `rayfed report` gets. The paper's
-# (T = 500) are 45% at omega = 0.01 and 95% at 0.1; the scaled T = 30 uses lower ones at omega = 0.1.
+# (T = 500) are 45% at omega = 0.01 and 95% at 0.1; at omega = 0.1 no method's top accuracy on the sample reaches
+# 95% (92-94.4% at T = 500), so a lower one comes first there.
 TARGETS = {30: {"0.01": (0.45, 0.50), "0.1": (0.85, 0.88)},
-           500: {"0.01": (0.45, 0.50), "0.1": (0.95, 0.90)}}
+           500: {"0.01": (0.45, 0.50), "0.1": (0.90, 0.95)}}
 # The paper's rows in its order, with its W/S/B groups, and its MNIST / MLP, S = 10 numbers:
 # Table 1 top accuracy at omega = 0.1 and 0.01, Table 2 rounds to 95% (omega = 0.1) and 45% (0.01).
 PAPER = [
