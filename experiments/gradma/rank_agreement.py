@@ -1,8 +1,9 @@
 """Rank agreement between the rankings measured here and GradMA's tables (Luo et al., CVPR 2023,
 arXiv:2302.14307, Sec. 6.2, Table 1: top test accuracy, Table 2: rounds to a target accuracy), over the
 methods both have: Kendall's tau (scipy.stats.kendalltau, tau-b: ties allowed) and Spearman's rho
-(scipy.stats.spearmanr), each with its two-sided p-value; GradMA's and GradMA-S's rank in each column; and the
-paper's W / S / B groups (Sec. 6.1) by their median. Reads the committed tables, runs nothing:
+(scipy.stats.spearmanr), each with its two-sided p-value; GradMA's, GradMA-S's and GradMA-W's rank in each
+column, the paper's W / S / B groups (Sec. 6.1) by their median and the W -> B pairs' gains, at T = 30 and, for
+each omega column whose every method has ended, at T = 500. Reads the committed tables, runs nothing:
 
     python experiments/gradma/rank_agreement.py      # writes experiments/gradma/rank_agreement.md
 
@@ -91,6 +92,27 @@ def study_table(path: Path) -> tuple[list[dict], dict[str, dict[str, float | Non
                   "paper_rounds": {r["method"]: number(r[paper_target]) for r in rows}}, label
 
 
+def study_sections(rows: list[dict], columns: dict[str, dict[str, float | None]]) -> tuple[list[str], ...]:
+    """A complete study column's table rows, each missing its leading study cells: GradMA's, GradMA-S's and
+    GradMA-W's ranks; the paper's groups by their median; the W -> B pairs' gains per seed and by their means."""
+    top, rounds, paper_top, paper_rounds = (columns[key] for key in ("top", "rounds", "paper_top", "paper_rounds"))
+    ranks = [f"| {name} | {rank(top, name, True)} | {rank(paper_top, name, True)} | "
+             f"{rank(rounds, name, False)} | {rank(paper_rounds, name, False)} |"
+             for name in ("GradMA", "GradMA-S", "GradMA-W")]
+    groups = []
+    for group in "WSB":
+        members = [r["method"] for r in rows if r["group"] == group]
+        groups.append(f"| {group} | {', '.join(members)} | {statistics.median(top[m] for m in members):.2f} | "
+                      f"{statistics.median(paper_top[m] for m in members):.2f} |")
+    seeds = {r["method"]: [float(v) for v in r["per seed"].split(",")] for r in rows}
+    pairs = []
+    for worker, both in PAIRS:
+        gains = [b - w for w, b in zip(seeds[worker], seeds[both])]
+        pairs.append(f"| {worker} → {both} | {', '.join(f'{g:+.1f}' for g in gains)} | "
+                     f"{top[both] - top[worker]:+.2f} | {paper_top[both] - paper_top[worker]:+.2f} |")
+    return ranks, groups, pairs
+
+
 def horizon_rows() -> list[str]:
     """The study at the paper's horizon (make_tables.py --rounds 500), each run of it, against
     Tables 1 and 2 and against the T = 30 study, over the methods whose every trial has ended (a sweep still
@@ -135,19 +157,20 @@ def main() -> None:
         out.append(row(f"mnist5k ω = {omega}, T = 30: top accuracy vs Table 1 (MNIST, S = 10, ω = {omega})",
                        top, paper_top))
         out.append(row(f"mnist5k ω = {omega}, T = 30: {rounds_label}", rounds, paper_rounds))
-        for name in ("GradMA", "GradMA-S", "GradMA-W"):
-            ranks.append(f"| mnist5k ω = {omega} | {name} | {rank(top, name, True)} | {rank(paper_top, name, True)} | "
-                         f"{rank(rounds, name, False)} | {rank(paper_rounds, name, False)} |")
-        for group in "WSB":
-            members = [r["method"] for r in rows if r["group"] == group]
-            groups.append(f"| {omega} | {group} | {', '.join(members)} | "
-                          f"{statistics.median(top[m] for m in members):.2f} | "
-                          f"{statistics.median(paper_top[m] for m in members):.2f} |")
-        seeds = {r["method"]: [float(v) for v in r["per seed"].split(",")] for r in rows}
-        for worker, both in PAIRS:
-            gains = [b - w for w, b in zip(seeds[worker], seeds[both])]
-            pairs.append(f"| {omega} | {worker} → {both} | {', '.join(f'{g:+.1f}' for g in gains)} | "
-                         f"{top[both] - top[worker]:+.2f} | {paper_top[both] - paper_top[worker]:+.2f} |")
+    for rounds_t, directory in (("30", "mnist5k/results"), ("500", "mnist5k/results_T500")):
+        for omega in ("0.01", "0.1"):
+            path = HERE / directory / f"table_omega{omega}.md"
+            if not path.exists():
+                continue
+            rows, columns = study_table(path)[:2]
+            # A column still running would give groups and pairs over some of their members only.
+            if any(value is None for value in columns["top"].values()):
+                continue
+            study = f"mnist5k ω = {omega}, T = {rounds_t}"
+            section = study_sections(rows, columns)
+            ranks += [f"| {study} {line}" for line in section[0]]
+            groups += [f"| {omega} | {rounds_t} {line}" for line in section[1]]
+            pairs += [f"| {omega} | {rounds_t} {line}" for line in section[2]]
     selection = json.loads((HERE / "digits_results" / "selection.json").read_text())
     digits_best = {NAMES[g["group"]["algorithm.name"]]: g["mean_best_test_accuracy"] for g in selection["groups"]}
     digits_rounds = {NAMES[r["algorithm.name"]]: number(r["rounds to 0.9"])
@@ -175,11 +198,11 @@ def main() -> None:
             "| study | method | top accuracy rank here | paper's | rounds rank here | paper's |",
             "|---|---|---|---|---|---|", *ranks,
             "", "## The paper's groups (Sec. 6.1: W worker side, S server side, B both), median top accuracy (%)", "",
-            "| ω | group | methods | median here (mnist5k, T = 30) | median, Table 1 (MNIST, S = 10) |",
-            "|---|---|---|---|---|", *groups,
+            "| ω | T | group | methods | median here (mnist5k) | median, Table 1 (MNIST, S = 10) |",
+            "|---|---|---|---|---|---|", *groups,
             "", "## W → B pairs: the same local method with FedAvgM's server momentum (top accuracy, points)", "",
-            "| ω | pair | gain here per seed (0, 1, 2) | gain here, means | gain, Table 1 |",
-            "|---|---|---|---|---|", *pairs]
+            "| ω | T | pair | gain here per seed (0, 1, 2) | gain here, means | gain, Table 1 |",
+            "|---|---|---|---|---|---|", *pairs]
     out += horizon_rows()
     (HERE / "rank_agreement.md").write_text("\n".join(out) + "\n")
     print("\n".join(out))
