@@ -2,8 +2,8 @@
 arXiv:2302.14307, Sec. 6.2, Table 1: top test accuracy, Table 2: rounds to a target accuracy), over the
 methods both have: Kendall's tau (scipy.stats.kendalltau, tau-b: ties allowed) and Spearman's rho
 (scipy.stats.spearmanr), each with its two-sided p-value; GradMA's, GradMA-S's and GradMA-W's rank in each
-column, the paper's W / S / B groups (Sec. 6.1) by their median and the W -> B pairs' gains, at T = 30 and, for
-each omega column whose every method has ended, at T = 500. Reads the committed tables, runs nothing:
+column, the paper's W / S / B groups (Sec. 6.1) by their median, the W -> B pairs' gains and tau's range with one
+method left out, at T = 30 and, for each omega column whose every method has ended, at T = 500. Reads the committed tables, runs nothing:
 
     python experiments/gradma/rank_agreement.py      # writes experiments/gradma/rank_agreement.md
 
@@ -113,6 +113,16 @@ def study_sections(rows: list[dict], columns: dict[str, dict[str, float | None]]
     return ranks, groups, pairs
 
 
+def left_out(ours: dict[str, float | None], paper: dict[str, float | None]) -> str:
+    """Kendall's tau with all methods and its range as each one is left out: the method at each end, its p."""
+    n, tau = agreement(ours, paper)[:2]
+    without = sorted((agreement({k: v for k, v in ours.items() if k != name}, paper)[1:3], name) for name in ours)
+    (low, p_low), low_name = without[0]
+    (high, p_high), high_name = without[-1]
+    return (f"| {n} | {tau:+.2f} | {low:+.2f} without {low_name} ({p_low:.2f}) | "
+            f"{high:+.2f} without {high_name} ({p_high:.2f}) |")
+
+
 def horizon_rows() -> list[str]:
     """The study at the paper's horizon (make_tables.py --rounds 500), each run of it, against
     Tables 1 and 2 and against the T = 30 study, over the methods whose every trial has ended (a sweep still
@@ -148,7 +158,7 @@ def main() -> None:
            "rho, p: two-sided p-values (scipy.stats); n: the methods with a value on both sides. Rounds: lower is "
            "better on both sides, so a positive coefficient is agreement in either table.", "",
            "| comparison | n | tau | p (tau) | rho | p (rho) |", "|---|---|---|---|---|---|"]
-    ranks, groups, pairs = [], [], []
+    ranks, groups, pairs, influence = [], [], [], []
     mnist = {}
     for omega in ("0.01", "0.1"):
         rows, columns, rounds_label = study_table(HERE / "mnist5k" / "results" / f"table_omega{omega}.md")
@@ -171,6 +181,7 @@ def main() -> None:
             ranks += [f"| {study} {line}" for line in section[0]]
             groups += [f"| {omega} | {rounds_t} {line}" for line in section[1]]
             pairs += [f"| {omega} | {rounds_t} {line}" for line in section[2]]
+            influence.append(f"| {study} {left_out(columns['top'], columns['paper_top'])}")
     selection = json.loads((HERE / "digits_results" / "selection.json").read_text())
     digits_best = {NAMES[g["group"]["algorithm.name"]]: g["mean_best_test_accuracy"] for g in selection["groups"]}
     digits_rounds = {NAMES[r["algorithm.name"]]: number(r["rounds to 0.9"])
@@ -202,7 +213,12 @@ def main() -> None:
             "|---|---|---|---|---|---|", *groups,
             "", "## W → B pairs: the same local method with FedAvgM's server momentum (top accuracy, points)", "",
             "| ω | T | pair | gain here per seed (0, 1, 2) | gain here, means | gain, Table 1 |",
-            "|---|---|---|---|---|---|", *pairs]
+            "|---|---|---|---|---|---|", *pairs,
+            "", "## Top accuracy vs Table 1 with one method left out", "",
+            "Kendall's tau over the n - 1 methods left when each method is removed in turn: how far one method's place "
+            "carries the agreement.", "",
+            "| study | n | tau, all | lowest tau, one left out (p) | highest tau, one left out (p) |",
+            "|---|---|---|---|---|", *influence]
     out += horizon_rows()
     (HERE / "rank_agreement.md").write_text("\n".join(out) + "\n")
     print("\n".join(out))
