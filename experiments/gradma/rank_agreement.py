@@ -147,8 +147,8 @@ def horizon_rows() -> list[str]:
     if not out:
         return []
     return ["", "## At the paper's horizon, T = 500 (mnist5k/results_T500)", "",
-            "Over the methods whose every trial has ended in the run: while the study runs, n is under 16 and a row "
-            "speaks for those methods only.", "",
+            "Over the methods whose every trial has ended in the run: where n is under 16 (a run that is still going, "
+            "or the first run, lost after 151 trials), a row speaks for those methods only.", "",
             "| run | comparison | n | tau | p (tau) | rho | p (rho) |", "|---|---|---|---|---|---|---|", *out]
 
 
