@@ -152,7 +152,8 @@ def horizon_rows() -> list[str]:
             "| run | comparison | n | tau | p (tau) | rho | p (rho) |", "|---|---|---|---|---|---|---|", *out]
 
 
-def main() -> None:
+def render() -> str:
+    """rank_agreement.md's text, from the committed tables."""
     out = ["# Rank agreement with GradMA's Table 1 and Table 2 (arXiv:2302.14307)", "",
            f"Written by `{Path(__file__).name}` from the committed tables. tau: Kendall's tau-b, rho: Spearman's "
            "rho, p: two-sided p-values (scipy.stats); n: the methods with a value on both sides. Rounds: lower is "
@@ -220,8 +221,13 @@ def main() -> None:
             "| study | n | tau, all | lowest tau, one left out (p) | highest tau, one left out (p) |",
             "|---|---|---|---|---|", *influence]
     out += horizon_rows()
-    (HERE / "rank_agreement.md").write_text("\n".join(out) + "\n")
-    print("\n".join(out))
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    text = render()
+    (HERE / "rank_agreement.md").write_text(text)
+    print(text, end="")
 
 
 if __name__ == "__main__":
