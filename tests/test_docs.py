@@ -4,7 +4,6 @@ default, every field of the public dataclasses, every ClientTask attribute that 
 files each dataset reads."""
 import ast
 import dataclasses
-import importlib.util
 import inspect
 import re
 import subprocess
@@ -19,6 +18,8 @@ import rayfed.registry
 from rayfed.algorithms.base import CAPABILITIES, Algorithm
 from rayfed.algorithms.local_training import TrainingTask
 from rayfed.errors import ConfigError
+
+from tests.scripts import load_script
 
 ROOT = Path(__file__).parents[1]
 # A reference to the design notes beside the repository: a path into them, or a section of one of them.
@@ -75,10 +76,7 @@ def test_the_nav_lists_each_registered_component_s_own_page(tmp_path):
 
 
 def _hook():
-    spec = importlib.util.spec_from_file_location("reference_hook", ROOT / "docs" / "hooks" / "reference.py")
-    hook = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hook)
-    return hook
+    return load_script(ROOT / "docs" / "hooks" / "reference.py", "reference_hook")
 
 
 def _package():

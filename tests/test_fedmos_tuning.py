@@ -1,21 +1,19 @@
 """experiments/fedmos/rounds_to_target.py's --grid: each method's rate is picked on the tuning seeds
 alone, by the fewest rounds to the loss target (median; never after any number), ties to the lower mean
 final training loss, and the reported seeds may not be tuning seeds."""
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import load_script
 
 SCRIPT = Path(__file__).parents[1] / "experiments" / "fedmos" / "rounds_to_target.py"
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("rounds_to_target", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "rounds_to_target")
 
 
 def curve(losses):

@@ -1,19 +1,17 @@
 """experiments/gradma/rank_agreement.py: the committed rank_agreement.md is what the script writes from the
 committed study tables, and its one-left-out range names the method whose removal moves Kendall's tau most."""
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import load_script
 
 SCRIPT = Path(__file__).parents[1] / "experiments" / "gradma" / "rank_agreement.py"
 
 
 @pytest.fixture(scope="module")
 def rank_agreement():
-    spec = importlib.util.spec_from_file_location("rank_agreement", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "rank_agreement")
 
 
 def test_the_committed_file_is_the_scripts_output_from_the_committed_tables(rank_agreement):

@@ -1,7 +1,6 @@
 """experiments/gradma/mnist5k/archive.py: a trial saved from a sweep directory and restored into another is the
 run's summary.json and config.yaml byte for byte and its four metrics columns value for value, and `rayfed sweep`
 counts it as ended there."""
-import importlib.util
 import json
 from pathlib import Path
 
@@ -10,15 +9,15 @@ import pytest
 import rayfed
 from rayfed.sweep.cli import _done
 
+from tests.scripts import load_script
+
 SCRIPT = Path(__file__).parents[1] / "experiments" / "gradma" / "mnist5k" / "archive.py"
 SWEEP = "feddyn_omega0.01"
 
 
 @pytest.fixture(scope="module")
 def archive():
-    spec = importlib.util.spec_from_file_location("study_archive", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(SCRIPT, "study_archive")
     module.OVERRIDES = ["train.rounds=2"]
     return module
 
