@@ -102,12 +102,19 @@ def test_an_unreachable_cluster_is_one_line_and_exit_2_within_the_connect_timeou
     assert not (tmp_path / "out").exists()
 
 
+# `python -m rayfed` with Python's own SIGINT handler. A suite started in the background by a shell
+# (`pytest ... &`) ignores SIGINT, its children inherit that, and Python then installs no handler: the
+# run would rightly go on, as any background job does.
+AS_FROM_A_TERMINAL = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                      "runpy.run_module('rayfed', run_name='__main__', alter_sys=True)")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signal_number, exit_code, word", [(signal.SIGTERM, 143, "terminated"),
                                                             (signal.SIGINT, 130, "interrupted")])
 def test_a_signal_stops_the_run_promptly_keeping_its_checkpoint_and_stopping_its_ray(tmp_path, signal_number,
                                                                                      exit_code, word):
-    process = subprocess.Popen([sys.executable, "-m", "rayfed", "run", *SYNTHETIC_MLP, "train.rounds=100000",
+    process = subprocess.Popen([sys.executable, "-c", AS_FROM_A_TERMINAL, "run", *SYNTHETIC_MLP, "train.rounds=100000",
                                 "train.checkpoint_every=2", "--out", "out", "--quiet"],
                                cwd=tmp_path, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "out" / "metrics.jsonl"
