@@ -35,7 +35,7 @@ GROUPS = ("a", "b", "gradma", "feddyn")
 OMEGAS = ("0.01", "0.1")
 # Targets of "rounds to target" per horizon T and omega; the first is the one `rayfed report` gets. The paper's
 # (T = 500) are 45% at omega = 0.01 and 95% at 0.1; at omega = 0.1 no method's top accuracy on the sample reaches
-# 95% (92-94.4% at T = 500), so a lower one comes first there.
+# 95% (92.0-94.8% at T = 500), so a lower one comes first there.
 TARGETS = {30: {"0.01": (0.45, 0.50), "0.1": (0.85, 0.88)},
            500: {"0.01": (0.45, 0.50), "0.1": (0.90, 0.95)}}
 # The paper's rows in its order, with its W/S/B groups, and its MNIST / MLP, S = 10 numbers:
